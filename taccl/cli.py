@@ -1,0 +1,51 @@
+"""The `taccl` command: a thin shell over the Python API.
+
+Each subcommand lives in `taccl/commands/<name>.py` and exposes `register(subparsers)`, which adds its parser
+and sets `func(args) -> int`. `main` is the single error boundary: a `TacclError` prints its message and
+exits with its code (2 for bad input, 1 for a failed check); Ctrl-C exits 130; anything else is a bug and
+keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from . import __version__
+from .errors import TacclError
+
+# Dispatch table, in the order `taccl --help` lists them. A command whose module is not present is skipped.
+COMMANDS = ["solve", "lower", "check", "simulate", "baseline", "run", "profile", "batch", "topology"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taccl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"taccl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module_name = f"taccl.commands.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TacclError as exc:
+        print(f"taccl {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"taccl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
