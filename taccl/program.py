@@ -21,7 +21,7 @@ Examples
 --------
 >>> st = Step(s=0, type=StepType.SEND, srcbuf=Buf.INPUT, srcoff=1, dstbuf=Buf.INPUT, dstoff=1, cnt=1)
 >>> st.is_send_type, st.is_recv_type, st.reads(), st.writes()
-(True, False, [('i', 1)], [])
+(True, False, [(Buf.INPUT, 1)], [])
 """
 from __future__ import annotations
 
