@@ -1,0 +1,333 @@
+"""Physical topologies: one node type (GPUs, links, switches, NICs, PCIe groups) and its multi-node instance.
+
+A topology file (`topologies/*.json`, schema `taccl/schemas/topology.schema.json`) describes one node.
+`Topology(spec, nodes)` instantiates it: global rank = node * gpus_per_node + local GPU.
+
+Every physical transfer path between two ranks is a `Link` with an alpha-beta cost and the set of exclusive
+*resources* it occupies while it moves data:
+
+- a direct link (NVLink, xGMI, torus wire) occupies ("link", src, dst);
+- a switch path occupies the source's switch out-port and the destination's switch in-port,
+  ("swout", switch, src) and ("swin", switch, dst), so a GPU sending to many peers through an NVSwitch
+  shares its port bandwidth among them;
+- an inter-node path occupies the sending NIC's egress and the receiving NIC's ingress,
+  ("nicout", node, nic) and ("nicin", node, nic), so GPUs that share a NIC share its bandwidth.
+
+The same resource model serves the routing MILP (relaxed bandwidth), the scheduling MILP (strict
+one-at-a-time use) and the simulator (contention).
+
+Also accepted unchanged: the reference TACCL profile files (`name`, `gpus_per_node`, `alpha`,
+`node_betas_list`, `remote_alpha`, `remote_beta`, ...), whose costs are microseconds per chunk of the size
+in the file's name; they are converted to bandwidths so that chunk size enters the cost.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from .errors import UserError
+from .fileio import load_json, validate
+from .units import parse_size, transfer_time_us
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "topologies"
+_TORUS_RE = re.compile(r"^torus-(\d+)x(\d+)$")
+
+
+@dataclass(frozen=True)
+class LinkType:
+    name: str
+    alpha_us: float
+    bw_GBps: float
+
+    def cost_us(self, nbytes: float) -> float:
+        return transfer_time_us(nbytes, self.alpha_us, self.bw_GBps)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed path between two ranks that data can take in one send."""
+
+    src: int
+    dst: int
+    type: LinkType
+    kind: str  # "direct", "switch" or "net"
+    resources: tuple
+
+    @property
+    def alpha_us(self) -> float:
+        return self.type.alpha_us
+
+    @property
+    def bw_GBps(self) -> float:
+        return self.type.bw_GBps
+
+    def cost_us(self, nbytes: float) -> float:
+        return self.type.cost_us(nbytes)
+
+
+@dataclass
+class TopologySpec:
+    """One node type, as read from a topology file."""
+
+    name: str
+    gpus_per_node: int
+    link_types: dict
+    links: list = field(default_factory=list)  # (src, dst, type name), directed, local indices
+    switches: list = field(default_factory=list)  # (name, frozenset of local gpus, type name)
+    nics: list = field(default_factory=list)  # (name, tuple of local gpus, type name)
+    pcie_switches: list = field(default_factory=list)
+    max_nodes: int | None = None
+    description: str = ""
+    sources: list = field(default_factory=list)
+    path: str | None = None
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def multi_node(self) -> bool:
+        return bool(self.nics) and self.max_nodes != 1
+
+
+def _check_gpu(g, n, path, where):
+    if not 0 <= g < n:
+        raise UserError(f"GPU index {g} is outside this node (gpus_per_node = {n})", path=path, where=where)
+
+
+def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
+    """Validate a topology document (schema, then cross-references) and build its spec."""
+    if isinstance(doc, dict) and "node_betas_list" in doc:
+        doc = convert_reference_profile(doc, path=path)
+    validate(doc, "topology.schema.json", path=path)
+    n = doc["gpus_per_node"]
+    types = {k: LinkType(k, float(v["alpha_us"]), float(v["bw_GBps"])) for k, v in doc["link_types"].items()}
+
+    def check_type(t, where):
+        if t not in types:
+            raise UserError(f"unknown link type {t!r}; declared types: {sorted(types)}", path=path, where=where)
+
+    links, seen = [], set()
+    for i, l in enumerate(doc.get("links", [])):
+        where = f"$.links[{i}]"
+        _check_gpu(l["src"], n, path, where + ".src")
+        _check_gpu(l["dst"], n, path, where + ".dst")
+        if l["src"] == l["dst"]:
+            raise UserError("a link must join two different GPUs", path=path, where=where)
+        check_type(l["type"], where + ".type")
+        pairs = [(l["src"], l["dst"])] + ([(l["dst"], l["src"])] if l.get("bidirectional", True) else [])
+        for s, d in pairs:
+            if (s, d) in seen:
+                raise UserError(f"link {s}->{d} is declared twice", path=path, where=where)
+            seen.add((s, d))
+            links.append((s, d, l["type"]))
+    switches = []
+    for i, sw in enumerate(doc.get("switches", [])):
+        where = f"$.switches[{i}]"
+        for g in sw["gpus"]:
+            _check_gpu(g, n, path, where + ".gpus")
+        check_type(sw["type"], where + ".type")
+        switches.append((sw.get("name", f"switch{i}"), frozenset(sw["gpus"]), sw["type"]))
+    nics, nic_of = [], {}
+    for i, nic in enumerate(doc.get("nics", [])):
+        where = f"$.nics[{i}]"
+        for g in nic["gpus"]:
+            _check_gpu(g, n, path, where + ".gpus")
+            if g in nic_of:
+                raise UserError(f"GPU {g} is attached to NIC {nic_of[g]} and NIC {i}; each GPU uses one NIC", path=path, where=where)
+            nic_of[g] = i
+        check_type(nic["type"], where + ".type")
+        nics.append((nic.get("name", f"nic{i}"), tuple(nic["gpus"]), nic["type"]))
+    if nics and len(nic_of) != n:
+        missing = sorted(set(range(n)) - set(nic_of))
+        raise UserError(f"GPUs {missing} are attached to no NIC; every GPU needs one for inter-node traffic", path=path, where="$.nics")
+    for i, grp in enumerate(doc.get("pcie_switches", [])):
+        for g in grp:
+            _check_gpu(g, n, path, f"$.pcie_switches[{i}]")
+    return TopologySpec(
+        name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
+        pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),
+        description=doc.get("description", ""), sources=doc.get("sources", []), path=path, raw=doc,
+    )
+
+
+# DGX-1 / Azure NDv2 hybrid cube-mesh: pairs joined by two NVLinks, and by one.
+# Source: `nvidia-smi topo -m` of DGX-1V (NV2/NV1 entries); the same wiring is used by the TACCL paper's NDv2.
+DGX1_DOUBLE = [(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)]
+DGX1_SINGLE = [(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)]
+
+
+def convert_reference_profile(doc: dict, *, path: str | None = None) -> dict:
+    """Turn a reference TACCL profile (costs per chunk of the file's size) into our topology document."""
+    name = str(doc.get("name", "reference"))
+    m = re.search(r"_(\d+[KMGkmg]i?B?)$", name)
+    chunk_bytes = parse_size(m.group(1).rstrip("Bb") if m else "1M", path=path, where="$.name")
+    try:
+        gpn = int(doc["gpus_per_node"])
+        betas = [float(b) for b in doc["node_betas_list"]]
+        alpha = float(doc["alpha"])
+        r_alpha, r_beta = float(doc["remote_alpha"]), float(doc["remote_beta"])
+        nics_per_node = int(doc.get("nics_per_node", 1))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"reference TACCL profile is missing or has a bad field: {exc}", path=path) from None
+
+    def bw(beta_us):  # beta is microseconds for one chunk of chunk_bytes
+        if beta_us <= 0:
+            raise UserError("beta must be positive", path=path, where="$.node_betas_list")
+        return chunk_bytes / (beta_us * 1000.0)
+
+    out = {"name": name, "gpus_per_node": gpn, "sources": [f"converted from reference TACCL profile {path or name}"],
+           "description": f"reference TACCL profile; costs were per {chunk_bytes}-byte chunk"}
+    types = {"ib": {"alpha_us": r_alpha, "bw_GBps": bw(r_beta)}}
+    if gpn == 8 and len(betas) == 2:
+        types["nvlink2"] = {"alpha_us": alpha, "bw_GBps": bw(betas[0])}
+        types["nvlink1"] = {"alpha_us": alpha, "bw_GBps": bw(betas[1])}
+        out["links"] = [{"src": s, "dst": d, "type": "nvlink2"} for s, d in DGX1_DOUBLE] + \
+                       [{"src": s, "dst": d, "type": "nvlink1"} for s, d in DGX1_SINGLE]
+    elif len(betas) == 1:
+        types["nvswitch"] = {"alpha_us": alpha, "bw_GBps": bw(betas[0])}
+        out["switches"] = [{"name": "nvswitch", "gpus": list(range(gpn)), "type": "nvswitch"}]
+    else:
+        raise UserError("reference profile not recognised: expected 8 GPUs with two NVLink betas (NDv2) "
+                        "or one beta for an NVSwitch node (DGX-2)", path=path, where="$.node_betas_list")
+    per_nic = max(1, gpn // max(1, nics_per_node))
+    out["nics"] = [{"gpus": list(range(i, min(gpn, i + per_nic))), "type": "ib"} for i in range(0, gpn, per_nic)]
+    out["link_types"] = types
+    return out
+
+
+def torus_spec(rows: int, cols: int) -> dict:
+    """A 2-D torus of rows x cols accelerators (one 'node'), four neighbours each with wrap-around."""
+    n = rows * cols
+    links = set()
+    for r in range(rows):
+        for c in range(cols):
+            a = r * cols + c
+            for b in (r * cols + (c + 1) % cols, ((r + 1) % rows) * cols + c):
+                if a != b:
+                    links.add((min(a, b), max(a, b)))
+    return {
+        "name": f"torus-{rows}x{cols}",
+        "description": f"2-D torus, {rows}x{cols}, wrap-around links in both dimensions",
+        "sources": ["TPU v5e: 400 GB/s bidirectional ICI per chip over 4 ports -> 50 GB/s per port per direction "
+                    "(cloud.google.com/tpu/docs/v5e, via shared/docs/reference-numbers.md); alpha 1 us assumed [I]"],
+        "gpus_per_node": n, "max_nodes": 1,
+        "link_types": {"ici": {"alpha_us": 1.0, "bw_GBps": 50.0}},
+        "links": [{"src": a, "dst": b, "type": "ici"} for a, b in sorted(links)],
+    }
+
+
+def builtin_names() -> list:
+    names = sorted(p.stem for p in BUILTIN_DIR.glob("*.json")) if BUILTIN_DIR.is_dir() else []
+    return names + ["torus-RxC"]
+
+
+def load_spec(name_or_path, *, where: str | None = None, source: str | None = None) -> TopologySpec:
+    """A built-in name (`ndv2`, `dgx2`, `torus-6x8`, ...) or a path to a topology file."""
+    text = str(name_or_path)
+    m = _TORUS_RE.match(text)
+    if m:
+        rows, cols = int(m.group(1)), int(m.group(2))
+        if rows < 1 or cols < 1 or rows * cols < 2:
+            raise UserError(f"torus needs at least 2 GPUs, got {text}", path=source, where=where)
+        return spec_from_dict(torus_spec(rows, cols), path=text)
+    p = Path(text)
+    if not p.suffix and (BUILTIN_DIR / f"{text}.json").is_file():
+        p = BUILTIN_DIR / f"{text}.json"
+    elif not p.is_file() and source and (Path(source).parent / text).is_file():
+        p = Path(source).parent / text  # relative to the sketch that names it
+    if not p.is_file():
+        raise UserError(f"unknown topology {text!r}: not a file, and built-ins are {builtin_names()}", path=source, where=where)
+    return spec_from_dict(load_json(p), path=str(p))
+
+
+class Topology:
+    """A node type instantiated on `nodes` nodes. Ranks are global: node * gpus_per_node + local GPU."""
+
+    def __init__(self, spec: TopologySpec, nodes: int = 1):
+        if nodes < 1:
+            raise UserError(f"node count must be at least 1, got {nodes}")
+        if nodes > 1 and not spec.nics:
+            raise UserError(f"topology {spec.name!r} has no NICs, so it cannot span {nodes} nodes", path=spec.path, where="$.nics")
+        if spec.max_nodes is not None and nodes > spec.max_nodes:
+            raise UserError(f"topology {spec.name!r} supports at most {spec.max_nodes} node(s), asked for {nodes}", path=spec.path)
+        self.spec = spec
+        self.nodes = nodes
+        self.gpus_per_node = spec.gpus_per_node
+        self.num_ranks = nodes * spec.gpus_per_node
+        self._nic_of_local = {g: i for i, (_, gpus, _) in enumerate(spec.nics) for g in gpus}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def local(self, rank: int) -> int:
+        return rank % self.gpus_per_node
+
+    def rank(self, node: int, local: int) -> int:
+        return node * self.gpus_per_node + local
+
+    def nic_of(self, rank: int) -> int | None:
+        return self._nic_of_local.get(self.local(rank))
+
+    @cached_property
+    def _intra_local(self) -> dict:
+        """(src, dst) local pairs -> (kind, type name, switch index); direct links win over switch paths."""
+        out = {}
+        for si, (_, gpus, tname) in enumerate(self.spec.switches):
+            for s in gpus:
+                for d in gpus:
+                    if s != d:
+                        cur = out.get((s, d))
+                        # Several switches joining the same pair: keep the faster one.
+                        if cur is None or self.spec.link_types[tname].bw_GBps > self.spec.link_types[cur[1]].bw_GBps:
+                            out[(s, d)] = ("switch", tname, si)
+        for s, d, tname in self.spec.links:
+            out[(s, d)] = ("direct", tname, None)
+        return out
+
+    def link(self, src: int, dst: int) -> Link | None:
+        """The physical path from src to dst usable in one send, or None."""
+        if src == dst or not (0 <= src < self.num_ranks and 0 <= dst < self.num_ranks):
+            return None
+        ns, nd = self.node_of(src), self.node_of(dst)
+        if ns == nd:
+            entry = self._intra_local.get((self.local(src), self.local(dst)))
+            if entry is None:
+                return None
+            kind, tname, si = entry
+            lt = self.spec.link_types[tname]
+            if kind == "direct":
+                res = (("link", src, dst),)
+            else:
+                res = (("swout", ns, si, src), ("swin", ns, si, dst))
+            return Link(src, dst, lt, kind, res)
+        a, b = self.nic_of(src), self.nic_of(dst)
+        lt = self.spec.link_types[self.spec.nics[a][2]]
+        return Link(src, dst, lt, "net", (("nicout", ns, a), ("nicin", nd, b)))
+
+    def intra_node_links(self):
+        """Every intra-node link of every node, in a deterministic order."""
+        for node in range(self.nodes):
+            base = node * self.gpus_per_node
+            for (s, d) in sorted(self._intra_local):
+                yield self.link(base + s, base + d)
+
+    def describe(self) -> str:
+        kinds = {}
+        for (s, d), (kind, tname, _) in self._intra_local.items():
+            kinds[(kind, tname)] = kinds.get((kind, tname), 0) + 1
+        parts = [f"{self.name}: {self.nodes} node(s) x {self.gpus_per_node} GPUs = {self.num_ranks} ranks"]
+        for (kind, tname), cnt in sorted(kinds.items()):
+            lt = self.spec.link_types[tname]
+            parts.append(f"  {cnt:4d} {kind} paths per node of type {tname} (alpha {lt.alpha_us} us, {lt.bw_GBps} GB/s)")
+        for name, gpus, tname in self.spec.nics:
+            lt = self.spec.link_types[tname]
+            parts.append(f"  NIC {name}: GPUs {list(gpus)}, type {tname} (alpha {lt.alpha_us} us, {lt.bw_GBps} GB/s)")
+        return "\n".join(parts)
+
+
+def load_topology(name_or_path, nodes: int = 1, **kw) -> Topology:
+    return Topology(load_spec(name_or_path, **kw), nodes)
