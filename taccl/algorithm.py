@@ -1,0 +1,185 @@
+"""The Algorithm: a timed schedule of transfers, the synthesizer's output and the lowering's input.
+
+File form (`<name>.algo.json`, documented in docs/algorithm-format.md):
+
+    {"format": "taccl.algorithm/1", "name": ..., "collective": {"name", "num_ranks", "chunkup", "root", ...},
+     "topology": {"name", "nodes", "path"}, "input_size_bytes", "chunk_bytes",
+     "transfers": [{"id", "chunks", "src", "dst", "op", "send_us", "arrive_us", "deps", "link"}, ...],
+     "time_us", "lower_bound_us", "lower_bounds": {...}, "stages": [...], "notes": [...]}
+
+A transfer moves one or more chunks (its contiguity group: sent together in one send, one alpha) from `src`
+to `dst`. `op` is "copy" (dst now holds the chunks) or "reduce" (dst adds src's partial sums of the chunks
+into its own). `deps` are the ids of the transfers whose arrival at `src` this one waits for. Transfers are
+listed in send-time order; on each (src, dst) pair, list order is the order of the sends.
+
+`verify(algorithm, collective)` is the transfer-level proof that the schedule implements the collective:
+every transfer sends only what its source holds at its send time (after every dependency arrived), no
+resource is used by two transfers at once, and the postcondition holds at the end (for combining
+collectives, every contribution is summed exactly once).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+from .collectives import Collective, make_collective
+from .errors import CheckFailed, UserError
+
+FORMAT = "taccl.algorithm/1"
+EPS_US = 1e-6
+
+
+@dataclass
+class Transfer:
+    id: int
+    chunks: tuple
+    src: int
+    dst: int
+    op: str  # "copy" | "reduce"
+    send_us: float
+    arrive_us: float
+    deps: tuple = ()
+    link: str = ""
+
+
+@dataclass
+class Algorithm:
+    name: str
+    collective: dict  # {"name", "num_ranks", "chunkup", "root"} (+ pre/postcondition for custom ones)
+    topology: dict  # {"name", "nodes", "path"}
+    input_size_bytes: int
+    chunk_bytes: float
+    transfers: list
+    time_us: float
+    lower_bound_us: float = 0.0
+    lower_bounds: dict = field(default_factory=dict)
+    stages: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    sketch: str | None = None
+
+    def to_json(self) -> dict:
+        doc = {"format": FORMAT}
+        doc.update(asdict(self))
+        doc["transfers"] = [
+            {"id": t.id, "chunks": list(t.chunks), "src": t.src, "dst": t.dst, "op": t.op,
+             "send_us": round(t.send_us, 6), "arrive_us": round(t.arrive_us, 6), "deps": list(t.deps), "link": t.link}
+            for t in self.transfers
+        ]
+        doc["time_us"] = round(self.time_us, 6)
+        doc["lower_bound_us"] = round(self.lower_bound_us, 6)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc, *, path: str | None = None) -> "Algorithm":
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise UserError(f"not a taccl algorithm file (expected \"format\": \"{FORMAT}\")", path=path, where="$.format")
+        try:
+            transfers = [Transfer(id=int(t["id"]), chunks=tuple(int(c) for c in t["chunks"]), src=int(t["src"]),
+                                  dst=int(t["dst"]), op=str(t["op"]), send_us=float(t["send_us"]),
+                                  arrive_us=float(t["arrive_us"]), deps=tuple(int(d) for d in t.get("deps", ())),
+                                  link=str(t.get("link", "")))
+                         for t in doc["transfers"]]
+            return cls(name=str(doc["name"]), collective=dict(doc["collective"]), topology=dict(doc["topology"]),
+                       input_size_bytes=int(doc["input_size_bytes"]), chunk_bytes=float(doc["chunk_bytes"]),
+                       transfers=transfers, time_us=float(doc["time_us"]),
+                       lower_bound_us=float(doc.get("lower_bound_us", 0.0)), lower_bounds=dict(doc.get("lower_bounds", {})),
+                       stages=list(doc.get("stages", [])), notes=list(doc.get("notes", [])), sketch=doc.get("sketch"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"malformed algorithm file: {exc!r}", path=path) from None
+
+    def make_collective(self) -> Collective:
+        return collective_from_json(self.collective)
+
+
+def collective_to_json(coll: Collective) -> dict:
+    doc = {"name": coll.name, "num_ranks": coll.num_ranks, "chunkup": coll.chunkup, "root": coll.root}
+    from .collectives import NAMES
+
+    if coll.name not in NAMES:  # user-defined: keep its full definition
+        doc["custom"] = {"chunks": coll.num_chunks, "precondition": sorted(map(list, coll.precondition)),
+                         "postcondition": sorted(map(list, coll.postcondition))}
+    return doc
+
+
+def collective_from_json(doc: dict) -> Collective:
+    if "custom" in doc:
+        from .collectives import Collective as C
+
+        cu = doc["custom"]
+        pre = frozenset(map(tuple, cu["precondition"]))
+        post = frozenset(map(tuple, cu["postcondition"]))
+        inp, count = {}, Counter()
+        for c, r in sorted(pre):
+            inp[(c, r)] = count[r]
+            count[r] += 1
+        return C(name=doc["name"], num_ranks=doc["num_ranks"], chunkup=1, num_chunks=cu["chunks"], precondition=pre,
+                 postcondition=post, labels=[(c,) for c in range(cu["chunks"])], input_index=inp,
+                 output_index={(c, r): c for c, r in post}, input_chunks=max(count.values(), default=0),
+                 output_chunks=cu["chunks"])
+    return make_collective(doc["name"], doc["num_ranks"], doc.get("chunkup", 1), root=doc.get("root") or 0)
+
+
+def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
+    """Prove the schedule implements `coll`; raise CheckFailed naming the first broken transfer.
+
+    `resources_of(src, dst)` (optional) gives the exclusive resources of a link; when given, no two
+    transfers may overlap in time on one resource.
+    """
+    by_id = {t.id: t for t in algo.transfers}
+    # Contribution multisets: state[(chunk, rank)] = Counter of origin ranks summed into that copy.
+    state = {}
+    for c, r in coll.precondition:
+        state[(c, r)] = Counter({r: 1}) if coll.combining else Counter({-1: 1})
+    ready_at = {(c, r): 0.0 for c, r in coll.precondition}
+    order = sorted(algo.transfers, key=lambda t: (t.send_us, t.id))
+    busy = defaultdict(list)
+    snapshot = {}
+    for t in order:
+        if t.op not in ("copy", "reduce"):
+            raise CheckFailed(f"transfer {t.id}: unknown op {t.op!r}")
+        if t.arrive_us + EPS_US < t.send_us:
+            raise CheckFailed(f"transfer {t.id}: arrives before it is sent")
+        for d in t.deps:
+            if d not in by_id or by_id[d].arrive_us > t.send_us + EPS_US:
+                raise CheckFailed(f"transfer {t.id} ({t.src}->{t.dst}) is sent at {t.send_us:.3f} us before its dependency {d} arrives")
+        if resources_of is not None:
+            for res in resources_of(t.src, t.dst):
+                busy[res].append((t.send_us, t.arrive_us, t.id))
+    for res, spans in busy.items():
+        spans.sort()
+        for (s0, e0, i0), (s1, e1, i1) in zip(spans, spans[1:]):
+            if s1 + EPS_US < e0:
+                raise CheckFailed(f"transfers {i0} and {i1} use {res} at the same time ({s1:.3f} us < {e0:.3f} us)")
+    # Replay in time order, arrivals before sends at the same instant: a send reads its source's state then.
+    pending = sorted([(round(t.arrive_us, 6), 0, t.id) for t in algo.transfers] +
+                     [(round(t.send_us, 6), 1, t.id) for t in algo.transfers])
+    for _, kind, tid in pending:
+        t = by_id[tid]
+        if kind == 1:
+            for c in t.chunks:
+                if (c, t.src) not in state or ready_at[(c, t.src)] > t.send_us + EPS_US:
+                    raise CheckFailed(f"transfer {t.id}: rank {t.src} sends chunk {c} to rank {t.dst} at {t.send_us:.3f} us "
+                                      f"but does not hold it then")
+                snapshot[(tid, c)] = Counter(state[(c, t.src)])
+        else:
+            for c in t.chunks:
+                got = snapshot[(tid, c)]
+                key = (c, t.dst)
+                if t.op == "copy":
+                    state[key] = got
+                else:
+                    if key not in state:
+                        raise CheckFailed(f"transfer {t.id}: rank {t.dst} reduces chunk {c} but holds no contribution of it")
+                    state[key] = state[key] + got
+                ready_at[key] = t.arrive_us
+    for c, r in sorted(coll.postcondition):
+        got = state.get((c, r))
+        if got is None:
+            raise CheckFailed(f"chunk {c} never reaches rank {r}")
+        if coll.combining:
+            want = Counter({s: 1 for cc, s in coll.precondition if cc == c})
+            if got != want:
+                missing = sorted(set(want) - set(got))
+                dup = sorted(s for s, n in got.items() if n > 1)
+                raise CheckFailed(f"chunk {c} on rank {r} is not the full sum: missing contributions of ranks {missing}, "
+                                  f"duplicated from {dup}")

@@ -1,0 +1,205 @@
+"""Collectives as chunk-level pre- and postconditions, with the buffer layout the lowering needs.
+
+A collective on `num_ranks` ranks with chunk-up `k` has `num_chunks` chunks. The precondition says which
+rank holds which chunk at the start, the postcondition where each chunk must be at the end. A *combining*
+collective (ReduceScatter, AllReduce, Reduce) starts with one contribution of every chunk on every rank and
+ends with the sum of all contributions at the postcondition ranks.
+
+Chunk identities carry ranks (`label`), so a permutation of ranks (a symmetry of the topology) maps chunks
+to chunks (`permute_chunk`); that is how the synthesizer builds symmetry orbits.
+
+Buffer layout (chunk indices inside the MSCCL input/output buffers, see msccl-xml.md section 1.8) follows
+the MSCCL conventions: AllGather rank r's input index i is chunk r*k+i, which is output index r*k+i; AllToAll
+chunk (s, d, i) is input index d*k+i on s and output index s*k+i on d; ReduceScatter/AllReduce chunk c is
+input index c on every rank and output index c (AllReduce) or c - r*k (ReduceScatter, on owner r).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import UserError
+from .fileio import load_json
+
+NAMES = ("allgather", "alltoall", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter")
+ALIASES = {"reduce_scatter": "reducescatter", "all_gather": "allgather", "all_reduce": "allreduce",
+           "all_to_all": "alltoall", "ag": "allgather", "rs": "reducescatter", "ar": "allreduce", "a2a": "alltoall"}
+# XML `coll` attribute per collective (executor dialect).
+XML_NAMES = {"allgather": "allgather", "alltoall": "alltoall", "reducescatter": "reducescatter", "allreduce": "allreduce",
+             "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter", "custom": "custom"}
+
+
+@dataclass
+class Collective:
+    name: str
+    num_ranks: int
+    chunkup: int
+    num_chunks: int
+    precondition: frozenset  # {(chunk, rank)}
+    postcondition: frozenset  # {(chunk, rank)}
+    combining: bool = False
+    root: int | None = None
+    labels: list = field(default_factory=list)  # chunk -> tuple identity over ranks
+    input_index: dict = field(default_factory=dict)  # (chunk, rank) -> index in that rank's input buffer
+    output_index: dict = field(default_factory=dict)  # (chunk, rank) -> index in that rank's output buffer
+    input_chunks: int = 0  # chunks per input buffer (i_chunks)
+    output_chunks: int = 0  # chunks per output buffer (o_chunks)
+    # The rank positions inside each label, used to apply rank permutations.
+    label_rank_slots: tuple = ()
+
+    def __post_init__(self):
+        self._by_label = {lab: c for c, lab in enumerate(self.labels)}
+
+    @property
+    def xml_name(self) -> str:
+        return XML_NAMES.get(self.name, "custom")
+
+    def sources(self, chunk: int) -> list:
+        return sorted(r for (c, r) in self.precondition if c == chunk)
+
+    def permute_chunk(self, chunk: int, perm) -> int | None:
+        """The chunk whose label is this chunk's label with ranks mapped by `perm`, or None."""
+        lab = list(self.labels[chunk])
+        for slot in self.label_rank_slots:
+            lab[slot] = perm[lab[slot]]
+        return self._by_label.get(tuple(lab))
+
+    def nbytes_per_chunk(self, buffer_bytes: int) -> float:
+        """Chunk size for a given input_size: the size of the largest buffer divided by its chunk count."""
+        return buffer_bytes / self.buffer_chunks
+
+    @property
+    def buffer_chunks(self) -> int:
+        """Chunk count of the buffer whose size `input_size` names (MSCCL: the largest buffer)."""
+        return max(self.input_chunks, self.output_chunks)
+
+    def dual(self) -> "Collective":
+        """The non-combining collective whose routing a combining one is built from."""
+        if self.name in ("reducescatter", "allreduce"):
+            return make_collective("allgather", self.num_ranks, self.chunkup)
+        if self.name == "reduce":
+            return make_collective("broadcast", self.num_ranks, self.chunkup, root=self.root)
+        return self
+
+
+def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0) -> Collective:
+    name = ALIASES.get(name.lower(), name.lower())
+    if name not in NAMES:
+        raise UserError(f"unknown collective {name!r}; known: {', '.join(NAMES)} (or a JSON file with a custom one)")
+    if num_ranks < 2:
+        raise UserError(f"a collective needs at least 2 ranks, got {num_ranks}")
+    if chunkup < 1:
+        raise UserError(f"chunk-up must be at least 1, got {chunkup}")
+    if name in ("broadcast", "reduce", "gather", "scatter") and not 0 <= root < num_ranks:
+        raise UserError(f"root {root} is not a rank of this {num_ranks}-rank collective")
+    R, k = num_ranks, chunkup
+    pre, post, labels, inp, out = set(), set(), [], {}, {}
+    combining, slots, ic, oc, rt = False, (0,), 0, 0, None
+    if name in ("allgather", "reducescatter", "allreduce"):
+        # chunk r*k+i: AllGather's piece i of rank r; for RS/AR the piece of the buffer owned by rank r.
+        for r in range(R):
+            for i in range(k):
+                c = r * k + i
+                labels.append((r, i))
+                if name == "allgather":
+                    pre.add((c, r)); inp[(c, r)] = i
+                    for d in range(R):
+                        post.add((c, d)); out[(c, d)] = c
+                else:
+                    for s in range(R):
+                        pre.add((c, s)); inp[(c, s)] = c
+                    for d in (range(R) if name == "allreduce" else [r]):
+                        post.add((c, d)); out[(c, d)] = c if name == "allreduce" else i
+        combining = name != "allgather"
+        ic, oc = (k, R * k) if name == "allgather" else (R * k, k if name == "reducescatter" else R * k)
+    elif name == "alltoall":
+        for s in range(R):
+            for d in range(R):
+                for i in range(k):
+                    c = (s * R + d) * k + i
+                    labels.append((s, d, i))
+                    pre.add((c, s)); inp[(c, s)] = d * k + i
+                    post.add((c, d)); out[(c, d)] = s * k + i
+        slots, ic, oc = (0, 1), R * k, R * k
+    elif name in ("broadcast", "reduce"):
+        rt = root
+        for i in range(k):
+            labels.append((root, i))
+            if name == "broadcast":
+                pre.add((i, root)); inp[(i, root)] = i
+                for d in range(R):
+                    post.add((i, d)); out[(i, d)] = i
+            else:
+                for s in range(R):
+                    pre.add((i, s)); inp[(i, s)] = i
+                post.add((i, root)); out[(i, root)] = i
+        combining, ic, oc = name == "reduce", k, k
+    elif name == "gather":
+        rt = root
+        for s in range(R):
+            for i in range(k):
+                c = s * k + i
+                labels.append((s, i, root))
+                pre.add((c, s)); inp[(c, s)] = i
+                post.add((c, root)); out[(c, root)] = c
+        slots, ic, oc = (0, 2), k, R * k
+    elif name == "scatter":
+        rt = root
+        for d in range(R):
+            for i in range(k):
+                c = d * k + i
+                labels.append((d, i, root))
+                pre.add((c, root)); inp[(c, root)] = c
+                post.add((c, d)); out[(c, d)] = i
+        slots, ic, oc = (0, 2), R * k, k
+    return Collective(name=name, num_ranks=R, chunkup=k, num_chunks=len(labels), precondition=frozenset(pre),
+                      postcondition=frozenset(post), combining=combining, root=rt, labels=labels,
+                      input_index=inp, output_index=out, input_chunks=ic, output_chunks=oc, label_rank_slots=slots)
+
+
+def load_custom_collective(path, num_ranks: int) -> Collective:
+    """A user-defined non-combining collective from JSON.
+
+    Format: {"name": "...", "num_ranks": R, "chunks": C,
+             "precondition": [[chunk, rank], ...], "postcondition": [[chunk, rank], ...]}
+    Each chunk sits at input index = its position among its rank's precondition chunks and output index = chunk.
+    """
+    doc = load_json(path)
+    p = str(path)
+    if not isinstance(doc, dict):
+        raise UserError("expected a JSON object", path=p, where="$")
+    for key in ("chunks", "precondition", "postcondition"):
+        if key not in doc:
+            raise UserError(f"missing required key {key!r}", path=p, where="$")
+    R = int(doc.get("num_ranks", num_ranks))
+    if R != num_ranks:
+        raise UserError(f"collective is for {R} ranks but the topology has {num_ranks}", path=p, where="$.num_ranks")
+    C = doc["chunks"]
+    if not isinstance(C, int) or C < 1:
+        raise UserError("expected a positive integer", path=p, where="$.chunks")
+    conds = {}
+    for key in ("precondition", "postcondition"):
+        pairs = set()
+        for i, pr in enumerate(doc[key]):
+            if not (isinstance(pr, list) and len(pr) == 2 and all(isinstance(x, int) for x in pr)):
+                raise UserError("expected [chunk, rank]", path=p, where=f"$.{key}[{i}]")
+            c, r = pr
+            if not 0 <= c < C:
+                raise UserError(f"chunk {c} outside 0..{C - 1}", path=p, where=f"$.{key}[{i}]")
+            if not 0 <= r < R:
+                raise UserError(f"rank {r} outside 0..{R - 1}", path=p, where=f"$.{key}[{i}]")
+            pairs.add((c, r))
+        conds[key] = frozenset(pairs)
+    for c in range(C):
+        if not any(cc == c for cc, _ in conds["precondition"]):
+            needed = [r for cc, r in conds["postcondition"] if cc == c]
+            if needed:
+                raise UserError(f"chunk {c} is needed on ranks {needed} but starts nowhere", path=p, where="$.precondition")
+    inp, count = {}, {}
+    for c, r in sorted(conds["precondition"]):
+        inp[(c, r)] = count.get(r, 0)
+        count[r] = count.get(r, 0) + 1
+    out = {(c, r): c for c, r in conds["postcondition"]}
+    return Collective(name=str(doc.get("name", "custom")), num_ranks=R, chunkup=1, num_chunks=C,
+                      precondition=conds["precondition"], postcondition=conds["postcondition"],
+                      labels=[(c,) for c in range(C)], input_index=inp, output_index=out,
+                      input_chunks=max(count.values(), default=0), output_chunks=C, label_rank_slots=())
