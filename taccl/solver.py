@@ -38,6 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional, Sequence
@@ -404,6 +405,15 @@ def _make_result(status: str, solver: str, t0: float, *, values=None, objective=
     return Result(status, values, objective, bound, gap, time.perf_counter() - t0, solver, message)
 
 
+def _time_left(options: SolveOptions, t0: float) -> float:
+    """The solver's share of `options.time_limit_s` once model building (since `t0`) is paid for.
+
+    The limit covers the whole `solve` call; a solver always gets at least a tenth of it.
+    """
+    limit = float(options.time_limit_s)
+    return max(0.1 * limit, limit - (time.perf_counter() - t0))
+
+
 class _Progress:
     """Relays backend progress to `SolveOptions.on_progress`, only when something changed.
 
@@ -548,6 +558,7 @@ class _HighsBackend(MilpBackend):
         a = model._arrays("csc")
         is_mip = a.is_mip
         h = self._load(model, options)
+        h.setOptionValue("time_limit", _time_left(options, t0))
         if is_mip and model._start is not None:
             self._set_start(h, model._start)
         progress = _Progress(options.on_progress)
@@ -581,6 +592,8 @@ class _HighsBackend(MilpBackend):
             return _make_result("error", self.NAME, t0,
                                 message=f"HiGHS: {h.modelStatusToString(ms)} (run status {run_status})")
         message = "" if status == "optimal" else f"HiGHS: {h.modelStatusToString(ms)}"
+        if ms == M.kUnboundedOrInfeasible:
+            message += f" (a zero-objective solve decided: {status})"
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
                             is_mip=is_mip, message=message)
 
@@ -684,7 +697,7 @@ class _GurobiBackend(MilpBackend):
             env.start()
             m = gp.Model(model.name, env=env)
             a = self._build(gp, m, model)
-            m.Params.TimeLimit = float(options.time_limit_s)
+            m.Params.TimeLimit = _time_left(options, t0)
             m.Params.Threads = int(options.threads)
             m.Params.Seed = int(options.seed)
             m.Params.MIPGap = float(options.mip_rel_gap)
@@ -763,9 +776,14 @@ class _GurobiBackend(MilpBackend):
 
         return cb
 
+    _STATUS_NAMES = ("LOADED", "OPTIMAL", "INFEASIBLE", "INF_OR_UNBD", "UNBOUNDED", "CUTOFF", "ITERATION_LIMIT",
+                     "NODE_LIMIT", "TIME_LIMIT", "SOLUTION_LIMIT", "INTERRUPTED", "NUMERIC", "SUBOPTIMAL",
+                     "INPROGRESS", "USER_OBJ_LIMIT", "WORK_LIMIT", "MEM_LIMIT")
+
     def _result(self, gp, m, model: Model, is_mip: bool, options: SolveOptions, t0: float) -> Result:
         GRB = gp.GRB
         st = m.Status
+        names = {getattr(GRB, n): n for n in self._STATUS_NAMES if hasattr(GRB, n)}
         if st == GRB.INF_OR_UNBD:
             m.Params.DualReductions = 0
             m.Params.TimeLimit = max(1.0, options.time_limit_s - (time.perf_counter() - t0))
@@ -794,9 +812,9 @@ class _GurobiBackend(MilpBackend):
         elif st == GRB.NUMERIC and has_sol:
             status = "feasible"
         else:
-            return _make_result("error", self.NAME, t0, message=f"Gurobi status {st}")
+            return _make_result("error", self.NAME, t0, message=f"Gurobi: status {names.get(st, st)}")
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
-                            is_mip=is_mip, message="" if status == "optimal" else f"Gurobi status {st}")
+                            is_mip=is_mip, message="" if status == "optimal" else f"Gurobi: {names.get(st, st)}")
 
 
 # -- CBC through PuLP --------------------------------------------------------------------------------
@@ -821,10 +839,28 @@ class _CbcBackend(MilpBackend):
             return reason
         import pulp
 
-        if not pulp.PULP_CBC_CMD(msg=False).available():
-            return ("PuLP is installed but its bundled CBC binary cannot be run on this platform; "
-                    "install CBC (e.g. `apt-get install coinor-cbc`) or use --solver highs")
+        if not cls._command(pulp)(msg=False).available():
+            return ("PuLP is installed but finds no CBC binary it can run; install one with "
+                    "`pip install pulp[cbc]` or `apt-get install coinor-cbc`, or use --solver highs")
         return None
+
+    @staticmethod
+    def _command(pulp):
+        """PuLP's command class for CBC: the bundled binary where PuLP still ships it, else COIN_CMD.
+
+        PuLP 3.3 marks PULP_CBC_CMD deprecated (it goes in PuLP 4); we still prefer its bundled binary
+        while it exists, so the deprecation warning is silenced at construction.
+        """
+        bundled = getattr(pulp, "PULP_CBC_CMD", None)
+        if bundled is None:
+            return pulp.COIN_CMD
+
+        def make(**kwargs):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return bundled(**kwargs)
+
+        return make
 
     @classmethod
     def version(cls) -> Optional[str]:
@@ -839,17 +875,17 @@ class _CbcBackend(MilpBackend):
         a = model._arrays("csr")
         is_mip = a.is_mip
         n = model.num_vars
+        prob = pulp.LpProblem("taccl", pulp.LpMinimize)
+        # PuLP >= 3.3 attaches variables to the problem (add_variable); older PuLP builds them free-standing.
+        new_api = hasattr(prob, "add_variable")
         xs = []
         for j in range(n):
             lb, ub = a.col_lower[j], a.col_upper[j]
-            xs.append(pulp.LpVariable(
-                f"x{j}",
-                lowBound=None if lb == -INF else float(lb),
-                upBound=None if ub == INF else float(ub),
-                cat=pulp.LpContinuous if a.kind[j] == _CONTINUOUS else pulp.LpInteger,
-            ))
-        prob = pulp.LpProblem("taccl", pulp.LpMinimize)
-        prob.addVariables(xs)
+            kwargs = dict(lowBound=None if lb == -INF else float(lb), upBound=None if ub == INF else float(ub),
+                          cat=pulp.LpContinuous if a.kind[j] == _CONTINUOUS else pulp.LpInteger)
+            xs.append(prob.add_variable(f"x{j}", **kwargs) if new_api else pulp.LpVariable(f"x{j}", **kwargs))
+        if not new_api:
+            prob.addVariables(xs)
         nz = np.flatnonzero(a.col_cost)
         prob.setObjective(pulp.LpAffineExpression([(xs[j], float(a.col_cost[j])) for j in nz]))
         for r in range(model.num_constrs):
@@ -872,32 +908,76 @@ class _CbcBackend(MilpBackend):
         if warm:
             for j in np.flatnonzero(~np.isnan(model._start)):
                 xs[j].setInitialValue(float(model._start[j]))
+        try:
+            log = self._run(pulp, prob, options, warm, _time_left(options, t0))
+            if prob.sol_status != pulp.LpSolutionOptimal and "infeasible or unbounded" in log:
+                return self._infeasible_or_unbounded(pulp, prob, xs, a, options, t0)
+        except pulp.PulpSolverError as exc:
+            return _make_result("error", self.NAME, t0, message=f"CBC: {exc}")
+        return self._result(pulp, prob, xs, a, is_mip, log, t0)
+
+    def _infeasible_or_unbounded(self, pulp, prob, xs, a: _Arrays, options: SolveOptions, t0: float) -> Result:
+        """CBC's preprocessing said "infeasible or unbounded": decide with a zero objective.
+
+        CBC 2.10 also says this of some bounded, feasible models, so a feasible point means "unbounded"
+        only when the costs allow it; otherwise that point is returned as an incumbent without a bound.
+        """
+        prob.setObjective(pulp.LpAffineExpression())
+        try:
+            self._run(pulp, prob, options, False, _time_left(options, t0))
+        except pulp.PulpSolverError as exc:
+            return _make_result("no_solution", self.NAME, t0, message="CBC: preprocessing says infeasible or "
+                                f"unbounded and the zero-objective check failed ({exc})")
+        zero = prob.sol_status
+        note = "CBC: preprocessing says infeasible or unbounded; a zero-objective solve "
+        if zero == pulp.LpSolutionInfeasible:
+            return _make_result("infeasible", self.NAME, t0, message=note + "proved it infeasible")
+        if zero not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            return _make_result("no_solution", self.NAME, t0, message=note + "found no point either")
+        c = a.col_cost
+        can_improve = ((c < 0) & (a.col_upper == INF)) | ((c > 0) & (a.col_lower == -INF))
+        if can_improve.any():
+            return _make_result("unbounded", self.NAME, t0, message=note + "found a feasible point")
+        values = self._values(xs, a)
+        return _make_result("feasible", self.NAME, t0, values=values, objective=float(c @ values),
+                            message=note + "found a feasible point of a bounded model (a CBC misjudgement)")
+
+    @staticmethod
+    def _values(xs, a: _Arrays) -> np.ndarray:
+        """Column values; a column CBC left out (in no row, no cost) is put at 0 clipped to its bounds."""
+        vals = [v.varValue for v in xs]
+        values = np.array([0.0 if v is None else v for v in vals], dtype=np.float64)
+        missing = [j for j, v in enumerate(vals) if v is None]
+        if missing:
+            values[missing] = np.clip(0.0, a.col_lower[missing], a.col_upper[missing])
+        return values
+
+    def _run(self, pulp, prob, options: SolveOptions, warm: bool, time_limit_s: float) -> str:
+        """Run CBC on `prob` once; return its log (echoed when verbose)."""
         tmpdir = tempfile.mkdtemp(prefix="taccl-cbc-")
         log_path = os.path.join(tmpdir, "cbc.log")
         opts = [f"randomCbcSeed {int(options.seed) + 1}"]
         if int(options.threads) > 1:
             opts.append(f"threads {100 + int(options.threads)}")
-        cmd = pulp.PULP_CBC_CMD(
-            msg=False, timeLimit=float(options.time_limit_s), gapRel=float(options.mip_rel_gap),
+        cmd = self._command(pulp)(
+            msg=False, timeLimit=float(time_limit_s), gapRel=float(options.mip_rel_gap),
             warmStart=warm, logPath=log_path, options=opts,
         )
         if hasattr(cmd, "tmpDir"):
             cmd.tmpDir = tmpdir
+        log = ""
         try:
             prob.solve(cmd)
-        except pulp.PulpSolverError as exc:
-            return _make_result("error", self.NAME, t0, message=f"CBC: {exc}")
         finally:
-            log = ""
             try:
                 with open(log_path, encoding="utf-8", errors="replace") as f:
                     log = f.read()
             except OSError:
                 pass
             shutil.rmtree(tmpdir, ignore_errors=True)
-        if options.verbose and log:
-            print(log)
-        return self._result(pulp, prob, xs, a, is_mip, log, t0)
+            if options.verbose and log:
+                print(log)
+        return log
 
     def _result(self, pulp, prob, xs, a: _Arrays, is_mip: bool, log: str, t0: float) -> Result:
         sol = prob.sol_status
@@ -917,12 +997,7 @@ class _CbcBackend(MilpBackend):
         values = None
         objective = None
         if status in ("optimal", "feasible"):
-            vals = [v.varValue for v in xs]
-            # A column in no row and without cost may be left out by CBC: put it at its best bound.
-            values = np.array([0.0 if v is None else v for v in vals], dtype=np.float64)
-            missing = [j for j, v in enumerate(vals) if v is None]
-            if missing:
-                values[missing] = np.clip(0.0, a.col_lower[missing], a.col_upper[missing])
+            values = self._values(xs, a)
             objective = float(a.col_cost @ values)
         bound = None
         m = re.search(r"Lower bound:\s+(\S+)", log)
