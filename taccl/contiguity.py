@@ -1,0 +1,166 @@
+"""Stage 3: contiguity and exact scheduling (TACCL section 5, appendix B.3).
+
+With routes and per-resource orders fixed, decide which consecutive transfers on one link travel together
+in one send (paying one alpha instead of several, at the price of the first chunk arriving later), and
+compute exact times under strict one-at-a-time resource use.
+
+MILP, per task i: start s_i, data end e_i, arrival a_i; per merge candidate (consecutive tasks j, k on the
+same link, adjacent in the buffers, consecutive on every resource they use) a binary y:
+  s_i >= a_p for every data predecessor p;   e_i >= s_i + alpha_i + beta_i;   a_i >= e_i;   T >= a_i
+  consecutive (j, k) on a resource, not a candidate:  s_k >= e_j
+  candidate (j, k):  s_k >= e_j - M y;  s_k = s_j when y = 1;  e_k >= e_j + beta_k - M (1 - y);
+                     a_j >= a_k - M (1 - y)   (the whole group arrives together)
+Every variable is boxed in [0, UB] with UB the ordering stage's makespan, so M = UB is valid and tight.
+The greedy schedule (no merges) is the MIP start. Final times are recomputed exactly from the chosen
+merges and orders (longest path over the task graph), so solver tolerances never reach the output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import solver as milp
+from .ordering import Schedule, Task
+from .progress import SILENT
+
+
+@dataclass
+class Group:
+    tasks: list  # task ids sent together, in order
+    start_us: float = 0.0
+    finish_us: float = 0.0
+
+
+@dataclass
+class Contiguity:
+    groups: list
+    makespan_us: float
+    stats: dict = field(default_factory=dict)
+
+
+def merge_candidates(tasks, sched: Schedule, adjacent) -> list:
+    """Consecutive (j, k) on one link that may be merged: `adjacent(j_task, k_task)` decides the buffers."""
+    nxt = {}
+    for res, ids in sched.order.items():
+        for a, b in zip(ids, ids[1:]):
+            nxt.setdefault(a, {})[res] = b
+    out = []
+    for j, t in enumerate(tasks):
+        succ = nxt.get(j, {})
+        ks = {succ.get(r) for r in t.resources}
+        if len(ks) != 1:
+            continue
+        (k,) = ks
+        if k is None:
+            continue
+        u = tasks[k]
+        if (u.src, u.dst) == (t.src, t.dst) and u.op == t.op and adjacent(t, u):
+            out.append((j, k))
+    return out
+
+
+def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
+    """Groups from the merged pairs, and their ASAP times given the fixed orders."""
+    head = list(range(len(tasks)))
+    for j, k in sorted(merged, key=lambda p: sched.start[p[0]]):
+        head[k] = head[j]
+    members = {}
+    for i in sorted(range(len(tasks)), key=lambda i: (sched.start[i], i)):
+        members.setdefault(head[i], []).append(i)
+    groups = {h: Group(ids) for h, ids in members.items()}
+    gof = {i: h for h, ids in members.items() for i in ids}
+    # Group-level DAG: data predecessors and resource order.
+    preds = {h: set() for h in groups}
+    for i, t in enumerate(tasks):
+        for p in t.preds:
+            if gof[p] != gof[i]:
+                preds[gof[i]].add(gof[p])
+    for ids in sched.order.values():
+        seq = []
+        for i in ids:
+            if not seq or seq[-1] != gof[i]:
+                seq.append(gof[i])
+        for a, b in zip(seq, seq[1:]):
+            preds[b].add(a)
+    order = []
+    ready = sorted((h for h, p in preds.items() if not p), key=lambda h: sched.start[h])
+    succs = {h: [] for h in groups}
+    for h, ps in preds.items():
+        for p in ps:
+            succs[p].append(h)
+    indeg = {h: len(ps) for h, ps in preds.items()}
+    while ready:
+        h = ready.pop()
+        order.append(h)
+        for s in succs[h]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    for h in order:
+        g = groups[h]
+        first = tasks[g.tasks[0]]
+        g.start_us = max([groups[p].finish_us for p in preds[h]], default=0.0)
+        g.finish_us = g.start_us + first.alpha_us + sum(tasks[i].beta_us for i in g.tasks)
+    ordered = sorted(groups.values(), key=lambda g: (g.start_us, g.tasks[0]))
+    return Contiguity(ordered, max((g.finish_us for g in ordered), default=0.0))
+
+
+def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT) -> Contiguity:
+    cands = merge_candidates(tasks, sched, adjacent)
+    base = exact_times(tasks, sched, set())
+    if not cands:
+        base.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
+                      "status": "skipped (no merge candidates)", "gap": 0.0, "objective": base.makespan_us}
+        report(f"contiguity: no merge candidates; schedule {base.makespan_us:.2f} us")
+        return base
+    ub = base.makespan_us
+    model = milp.Model("contiguity")
+    n = len(tasks)
+    T = model.add_var(0.0, ub, obj=1.0)
+    s = model.add_vars(n, 0.0, ub)
+    e = model.add_vars(n, 0.0, ub)
+    a = model.add_vars(n, 0.0, ub)
+    y = {}
+    for j, k in cands:
+        y[(j, k)] = model.add_var(0, 1, binary=True)
+    for i, t in enumerate(tasks):
+        for p in t.preds:
+            model.add_constr([s[i], a[p]], [1.0, -1.0], 0.0)
+        model.add_constr([e[i], s[i]], [1.0, -1.0], t.cost_us)
+        model.add_constr([a[i], e[i]], [1.0, -1.0], 0.0)
+        model.add_constr([T, a[i]], [1.0, -1.0], 0.0)
+    M = ub
+    pairs = set()
+    for ids in sched.order.values():
+        pairs.update(zip(ids, ids[1:]))
+    for j, k in sorted(pairs):
+        if (j, k) in y:
+            v = y[(j, k)]
+            model.add_constr([s[k], e[j], v], [1.0, -1.0, M], 0.0)
+            model.add_constr([s[k], s[j], v], [1.0, -1.0, M], hi=M)
+            model.add_constr([s[j], s[k], v], [1.0, -1.0, M], hi=M)
+            model.add_constr([e[k], e[j], v], [1.0, -1.0, -M], tasks[k].beta_us - M)
+            model.add_constr([a[j], a[k], v], [1.0, -1.0, -M], -M)
+        else:
+            model.add_constr([s[k], e[j]], [1.0, -1.0], 0.0)
+    start = [0.0] * model.num_vars
+    start[T] = ub
+    for i in range(n):
+        start[s[i]], start[e[i]], start[a[i]] = sched.start[i], sched.finish[i], sched.finish[i]
+    model.set_start(start)
+    stats = dict(model.stats(), stage="contiguity", merge_candidates=len(cands))
+    report(f"contiguity: MILP with {stats['variables']} variables ({stats['binaries']} binary), {stats['constraints']} constraints")
+    res = milp.solve(model, solver, options or milp.SolveOptions())
+    stats.update(status=res.status, time_s=round(res.time_s, 3), gap=res.gap, objective=res.objective,
+                 bound=res.bound, solver=res.solver)
+    if not res.has_solution:
+        stats["fallback"] = "no merges (solver found no solution within its limit)"
+        base.stats = stats
+        return base
+    merged = {jk for jk, v in y.items() if res.values[v] > 0.5}
+    out = exact_times(tasks, sched, merged)
+    if out.makespan_us > base.makespan_us + 1e-9:
+        merged, out = set(), base
+    stats["merged_pairs"] = len(merged)
+    out.stats = stats
+    report(f"contiguity: {res.status}, {len(merged)} merge(s), schedule {out.makespan_us:.2f} us, {res.time_s:.2f} s")
+    return out

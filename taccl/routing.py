@@ -1,0 +1,340 @@
+"""Stage 1: routing. Which links each chunk takes, with bandwidth relaxed (TACCL section 5, appendix B.1).
+
+Formulation, per chunk c with sources P(c) and destinations D(c):
+  x[c,l] in {0,1}   chunk c crosses link l = (u, v)
+  t[c,v] >= 0       time c is available at v (0 on sources)
+  in(c,v) = sum of x[c,l] over links into v:  = 1 on destinations, <= 1 elsewhere
+  x[c,(u,v)] <= in(c,u)                       a rank forwards only what it received
+  t[c,v] >= t[c,u] + cost(l) - M (1 - x[c,l]) with the tightest valid M: t is boxed in [LB, UB], where LB is
+                                              the shortest-path time and UB the heuristic incumbent's makespan
+  time >= t[c,d] for d in D(c)
+  time >= sum over (c,l) using resource r of cost(l) x[c,l]   (relaxed bandwidth per link, switch port, NIC)
+  objective: time + gamma * (switch links used, uc-min > 0 / uc-max < 0) + epsilon * (transfers)
+
+Variables exist for one representative per symmetry orbit of (chunk, link) pairs (see symmetry.py), and
+only for links on paths at most `max_extra_hops` longer than minimal. A greedy load-aware shortest-path
+routing is the MIP start and the fallback when the solver finds nothing within its time limit.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from . import solver as milp
+from .errors import UserError
+from .problem import Problem
+from .progress import SILENT
+from .symmetry import Orbits
+
+GAMMA_FRACTION = 1e-2  # uc-min / uc-max weight, relative to the cheapest link cost
+EPSILON_FRACTION = 1e-4  # per-transfer tie-breaker, relative to the cheapest link cost
+
+
+@dataclass
+class Routing:
+    parent: list  # parent[c] = {rank: link index that delivers chunk c to rank}
+    relaxed_time_us: float
+    method: str  # "milp" or "heuristic"
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class _ChunkSpace:
+    """A representative chunk's candidate links and the bounds of its arrival times."""
+
+    sources: frozenset
+    dests: frozenset
+    links: list  # candidate link indices
+    earliest: dict  # rank -> shortest-path arrival time
+
+
+def _hops(prob, sources, allowed, reverse=False):
+    dist = {s: 0 for s in sources}
+    q = deque(sources)
+    adj = prob.in_links if reverse else prob.out_links
+    while q:
+        u = q.popleft()
+        for li in adj[u]:
+            if li not in allowed:
+                continue
+            l = prob.links[li]
+            v = l.src if reverse else l.dst
+            if v not in dist:
+                dist[v] = dist[u] + 1
+                q.append(v)
+    return dist
+
+
+def _dijkstra(prob, sources, links, weight):
+    """Shortest paths over `links` (a set of indices); returns (dist, parent link)."""
+    dist, par = {s: 0.0 for s in sources}, {}
+    heap = [(0.0, s) for s in sorted(sources)]
+    allowed = links
+    while heap:
+        d, u = heapq.heappop(heap)
+        if d > dist.get(u, float("inf")):
+            continue
+        for li in prob.out_links[u]:
+            if li not in allowed:
+                continue
+            v = prob.links[li].dst
+            nd = d + weight(li)
+            if nd < dist.get(v, float("inf")) - 1e-12:
+                dist[v], par[v] = nd, li
+                heapq.heappush(heap, (nd, v))
+    return dist, par
+
+
+def chunk_space(prob: Problem, c: int, max_extra_hops: int) -> _ChunkSpace:
+    coll = prob.collective
+    sources = frozenset(coll.sources(c))
+    dests = frozenset(r for (cc, r) in coll.postcondition if cc == c) - sources
+    allowed = {li for li, l in enumerate(prob.links) if l.dst not in sources and prob.link_allowed(c, l)}
+    fwd = _hops(prob, sources, allowed)
+    for d in sorted(dests):
+        if d not in fwd:
+            why = " under the sketch's relay map" if prob.relay_senders else ""
+            src = ", ".join(map(str, sorted(sources)))
+            raise UserError(f"chunk {c} (from rank {src}) cannot reach rank {d} over the links the sketch allows{why}",
+                            path=prob.sketch.path, where="$.internode_sketch")
+    if len(dests) == 1:
+        # A unicast: keep links on paths at most max_extra_hops longer than the shortest one.
+        (d,) = dests
+        back = _hops(prob, [d], allowed, reverse=True)
+        limit = fwd[d] + max_extra_hops
+        cand = [li for li in sorted(allowed)
+                if prob.links[li].src in fwd and prob.links[li].dst in back
+                and fwd[prob.links[li].src] + 1 + back[prob.links[li].dst] <= limit]
+    else:
+        # A multicast tree: a link may reach a rank at most max_extra_hops later than its hop distance.
+        cand = [li for li in sorted(allowed)
+                if prob.links[li].src in fwd and fwd[prob.links[li].src] + 1 <= fwd[prob.links[li].dst] + max_extra_hops]
+    cset = set(cand)
+    earliest, _ = _dijkstra(prob, sources, cset, lambda li: prob.links[li].cost_us)
+    return _ChunkSpace(sources, dests, cand, earliest)
+
+
+def heuristic_routing(prob: Problem, orbits: Orbits, spaces: dict) -> list:
+    """Greedy, load-aware shortest-path trees, chosen per representative and copied to its orbit."""
+    load = defaultdict(float)
+    parent = [None] * prob.collective.num_chunks
+    members = defaultdict(list)
+    for c in range(prob.collective.num_chunks):
+        members[orbits.rep[c]].append(c)
+    mean_cost = sum(l.cost_us for l in prob.links) / max(1, len(prob.links))
+    for r in orbits.reps:
+        sp = spaces[r]
+        cset = set(sp.links)
+        scale = 1.0 / (mean_cost * max(1, len(sp.dests)) * 4)
+
+        def weight(li):
+            l = prob.links[li]
+            return l.cost_us * (1.0 + scale * max(load[res] for res in l.resources))
+
+        _, par = _dijkstra(prob, sp.sources, cset, weight)
+        tree = {}
+        for d in sp.dests:  # union of the paths to every destination
+            v = d
+            while v not in sp.sources and v not in tree:
+                tree[v] = par[v]
+                v = prob.links[par[v]].src
+        for c in members[r]:
+            g = orbits.from_rep[c]
+            parent[c] = {g[v]: orbits.image_link(g, li) for v, li in tree.items()}
+            for li in parent[c].values():
+                for res in prob.links[li].resources:
+                    load[res] += prob.links[li].cost_us
+    return parent
+
+
+def relaxed_time(prob: Problem, parent: list) -> float:
+    """Makespan of a routing with bandwidth relaxed: max(longest chunk path, busiest resource)."""
+    load = defaultdict(float)
+    worst = 0.0
+    for c, par in enumerate(parent):
+        arrive = {}
+
+        def at(v):
+            if v not in par:
+                return 0.0
+            if v not in arrive:
+                l = prob.links[par[v]]
+                arrive[v] = at(l.src) + l.cost_us
+            return arrive[v]
+
+        for v, li in par.items():
+            worst = max(worst, at(v))
+            for res in prob.links[li].resources:
+                load[res] += prob.links[li].cost_us
+    return max([worst] + list(load.values()))
+
+
+def route(prob: Problem, *, solver: str = "highs", options: milp.SolveOptions | None = None,
+          max_extra_hops: int = 1, report=SILENT) -> Routing:
+    options = options or milp.SolveOptions()
+    orbits = Orbits(prob)
+    spaces = {r: chunk_space(prob, r, max_extra_hops) for r in orbits.reps}
+    start = heuristic_routing(prob, orbits, spaces)
+    ub = relaxed_time(prob, start)
+    report(f"routing: heuristic incumbent {ub:.2f} us; {len(orbits.reps)} chunk orbit(s) of {prob.collective.num_chunks} chunks")
+    model, xvar, build = _build_model(prob, orbits, spaces, ub, start)
+    stats = dict(model.stats(), stage="routing", chunk_orbits=len(orbits.reps), group_order=len(prob.group))
+    report(f"routing: MILP with {stats['variables']} variables ({stats['binaries']} binary), {stats['constraints']} constraints")
+    res = milp.solve(model, solver, options)
+    stats.update(status=res.status, time_s=round(res.time_s, 3), gap=res.gap, objective=res.objective,
+                 bound=res.bound, solver=res.solver)
+    if not res.has_solution:
+        report(f"routing: solver stopped with {res.status} and no solution; using the heuristic routing")
+        stats["fallback"] = "heuristic routing (solver found no solution within its limit)"
+        return Routing(start, ub, "heuristic", stats)
+    parent = _extract(prob, orbits, spaces, xvar, res.values)
+    t = relaxed_time(prob, parent)
+    report(f"routing: {res.status}, relaxed time {t:.2f} us (bound {res.bound if res.bound is not None else float('nan'):.2f}), "
+           f"{res.time_s:.2f} s")
+    if t > ub + 1e-9:  # cannot happen with a correct solve; keep the better one regardless
+        return Routing(start, ub, "heuristic", stats)
+    return Routing(parent, t, "milp", stats)
+
+
+def _build_model(prob, orbits, spaces, ub, start):
+    model = milp.Model("routing")
+    min_cost = min(l.cost_us for l in prob.links)
+    eps = EPSILON_FRACTION * min_cost
+    longest = max((max((sp.earliest[d] for d in sp.dests), default=0.0) for sp in spaces.values()), default=0.0)
+    time = model.add_var(min(longest, ub), ub, obj=1.0, name="time")
+    xvar, tvar = {}, {}
+    rows_in = defaultdict(list)
+    for r in orbits.reps:
+        sp = spaces[r]
+        for li in sp.links:
+            key = orbits.canon_link(r, li)
+            if key not in xvar:
+                xvar[key] = model.add_var(0, 1, binary=True, obj=eps)
+        for v, lb in sp.earliest.items():
+            if v in sp.sources:
+                continue
+            key = orbits.canon_rank(r, v)
+            if key not in tvar:
+                tvar[key] = model.add_var(lb, max(ub, lb))
+        for li in sp.links:
+            rows_in[(r, prob.links[li].dst)].append(xvar[orbits.canon_link(r, li)])
+        for v in sp.earliest:
+            if v in sp.sources:
+                continue
+            cols = rows_in[(r, v)]
+            model.add_constr(cols, [1.0] * len(cols), 1.0 if v in sp.dests else 0.0, 1.0)
+        for li in sp.links:
+            l = prob.links[li]
+            x = xvar[orbits.canon_link(r, li)]
+            tv = tvar[orbits.canon_rank(r, l.dst)]
+            lb_v = sp.earliest[l.dst]
+            if l.src in sp.sources:
+                big_m = l.cost_us - lb_v
+                if big_m > 1e-12:  # t_v >= cost * x
+                    model.add_constr([tv, x], [1.0, -big_m], l.cost_us - big_m)
+            else:
+                cols = rows_in[(r, l.src)]
+                model.add_constr([x] + cols, [1.0] + [-1.0] * len(cols), hi=0.0)
+                tu = tvar[orbits.canon_rank(r, l.src)]
+                big_m = max(ub, lb_v) + l.cost_us - lb_v
+                model.add_constr([tv, tu, x], [1.0, -1.0, -big_m], l.cost_us - big_m)
+        for d in sp.dests:
+            model.add_constr([time, tvar[orbits.canon_rank(r, d)]], [1.0, -1.0], 0.0)
+        # Every node holding a destination but no source is entered at least once (a valid cut that
+        # tightens the LP relaxation of the NIC bandwidth rows).
+        topo = prob.topology
+        src_nodes = {topo.node_of(s) for s in sp.sources}
+        for node in sorted({topo.node_of(d) for d in sp.dests} - src_nodes):
+            cols = sorted({xvar[orbits.canon_link(r, li)] for li in sp.links
+                           if prob.links[li].internode and topo.node_of(prob.links[li].dst) == node})
+            model.add_constr(cols, [1.0] * len(cols), 1.0)
+    # Relaxed bandwidth: every chunk's use of every resource, mapped to its orbit's variable.
+    rows = defaultdict(lambda: defaultdict(float))
+    for c in range(prob.collective.num_chunks):
+        r, g = orbits.rep[c], orbits.from_rep[c]
+        for li in spaces[r].links:
+            real = orbits.image_link(g, li)
+            l = prob.links[real]
+            x = xvar[orbits.canon_link(r, li)]
+            for res in l.resources:
+                rows[res][x] += l.cost_us
+    seen = set()
+    for res in sorted(rows, key=repr):
+        row = tuple(sorted(rows[res].items()))
+        if row in seen:  # the same constraint for a symmetric resource
+            continue
+        seen.add(row)
+        model.add_constr([time] + [x for x, _ in row], [1.0] + [-w for _, w in row], 0.0)
+    # Switch-hyperedge policy: count the links of each switch that carry any chunk.
+    if any(p in ("uc-min", "uc-max") for p in prob.switch_policies):
+        gamma = GAMMA_FRACTION * min_cost
+        for li in orbits.link_orbit_reps():
+            l = prob.links[li]
+            if l.switch is None or prob.switch_policies[l.switch] not in ("uc-min", "uc-max"):
+                continue
+            users = defaultdict(float)
+            for c in range(prob.collective.num_chunks):
+                r = orbits.rep[c]
+                key = orbits.canon_link(c, li)
+                if key in xvar:
+                    users[xvar[key]] += 1.0
+            if not users:
+                continue
+            if prob.switch_policies[l.switch] == "uc-min":
+                u = model.add_var(0, 1, binary=True, obj=gamma)
+                n = sum(users.values())
+                model.add_constr([u] + list(users), [n] + [-w for w in users.values()], 0.0)  # n u >= sum x
+            else:
+                u = model.add_var(0, 1, binary=True, obj=-gamma)
+                model.add_constr([u] + list(users), [1.0] + [-w for w in users.values()], hi=0.0)  # u <= sum x
+    _set_start(model, prob, orbits, spaces, xvar, tvar, time, start, ub)
+    return model, xvar, None
+
+
+def _set_start(model, prob, orbits, spaces, xvar, tvar, time, start, ub):
+    if not orbits.trivial_stab:
+        return  # a start mapped through a non-trivial stabiliser may be inconsistent; let the solver search
+    values = [0.0] * model.num_vars
+    values[time] = ub
+    for r in orbits.reps:
+        par = start[r]
+        arrive = {}
+
+        def at(v):
+            if v not in par:
+                return 0.0
+            if v not in arrive:
+                arrive[v] = at(prob.links[par[v]].src) + prob.links[par[v]].cost_us
+            return arrive[v]
+
+        for v, li in par.items():
+            values[xvar[orbits.canon_link(r, li)]] = 1.0
+        for v in spaces[r].earliest:
+            if v in spaces[r].sources:
+                continue
+            values[tvar[orbits.canon_rank(r, v)]] = at(v) if v in par else spaces[r].earliest[v]
+    model.set_start(values)
+
+
+def _extract(prob, orbits, spaces, xvar, values) -> list:
+    parent = [None] * prob.collective.num_chunks
+    rep_par = {}
+    for r in orbits.reps:
+        sp = spaces[r]
+        par = {}
+        for li in sp.links:
+            if values[xvar[orbits.canon_link(r, li)]] > 0.5:
+                par[prob.links[li].dst] = li
+        # Drop transfers that lead to no destination (the solver may leave harmless extras).
+        needed = set()
+        for d in sp.dests:
+            v = d
+            while v in par and v not in needed:
+                needed.add(v)
+                v = prob.links[par[v]].src
+        rep_par[r] = {v: li for v, li in par.items() if v in needed}
+    for c in range(prob.collective.num_chunks):
+        r, g = orbits.rep[c], orbits.from_rep[c]
+        parent[c] = {g[v]: orbits.image_link(g, li) for v, li in rep_par[r].items()}
+    return parent
