@@ -1,0 +1,137 @@
+/* taccl runtime: an interpreter for MSCCL XML programs (see ../README.md).
+ *
+ * Two tiers, as in HiGHS:
+ *   - one-shot:  tacclCheckFile() validates one file;
+ *   - handle:    tacclCreate() ... tacclDestroy(h). Every handle made by tacclCreate must be given back
+ *                to tacclDestroy exactly once.
+ *
+ * Every call returns a call status (TACCL_OK, TACCL_WARNING or TACCL_ERROR). What happened to a collective
+ * is a separate answer, tacclRunResult.outcome. On TACCL_ERROR the message is available from
+ * tacclLastError(h) (or the caller's buffer for the one-shot calls).
+ *
+ * The caller owns every buffer. No C++ exception crosses this interface.
+ */
+#ifndef TACCL_RUNTIME_H
+#define TACCL_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TACCL_ERROR = -1, TACCL_OK = 0, TACCL_WARNING = 1 } tacclStatus;
+
+typedef enum {
+  TACCL_ALLGATHER = 0,
+  TACCL_REDUCESCATTER = 1,
+  TACCL_ALLREDUCE = 2,
+  TACCL_ALLTOALL = 3,
+  TACCL_BROADCAST = 4,
+  TACCL_REDUCE = 5
+} tacclColl;
+
+typedef enum {
+  TACCL_INT8 = 0, TACCL_UINT8 = 1, TACCL_INT32 = 2, TACCL_UINT32 = 3, TACCL_INT64 = 4, TACCL_UINT64 = 5,
+  TACCL_FLOAT16 = 6, TACCL_BFLOAT16 = 7, TACCL_FLOAT32 = 8, TACCL_FLOAT64 = 9
+} tacclDataType;
+
+typedef enum { TACCL_SUM = 0, TACCL_PROD = 1, TACCL_MIN = 2, TACCL_MAX = 3 } tacclRedOp;
+
+typedef enum { TACCL_BACKEND_HOST = 0, TACCL_BACKEND_CUDA = 1 } tacclBackend;
+
+typedef enum {
+  TACCL_RUN_DONE = 0,      /* the program ran to completion */
+  TACCL_RUN_NO_MATCH = 1,  /* no loaded program matches the call (the caller should fall back) */
+  TACCL_RUN_DEADLOCK = 2,  /* the watchdog stopped the program; tacclLastError names the waiting blocks */
+  TACCL_RUN_FAILED = 3     /* refused before running (bad arguments, backend unavailable); see tacclLastError */
+} tacclOutcome;
+
+/* Summary of one loaded program. Strings point into the handle and live until tacclDestroy. */
+typedef struct {
+  const char* path;
+  const char* name;
+  int coll;           /* tacclColl */
+  int proto;          /* 0 Simple, 1 LL, 2 LL128 */
+  int ngpus;
+  int nchannels;
+  int nchunksperloop;
+  int inplace;        /* usable for in-place calls */
+  int outofplace;     /* usable for out-of-place calls */
+  int64_t minBytes;
+  int64_t maxBytes;   /* 0: unbounded; otherwise inclusive */
+  int maxThreadBlocks;/* largest tb count on one rank */
+} tacclProgramInfo;
+
+typedef struct {
+  int outcome;        /* tacclOutcome */
+  int program;        /* index of the program that ran, -1 if none */
+  double elapsedUs;   /* wall time of the collective itself (host) or of the kernels (CUDA) */
+  int64_t tiles;      /* tile iterations per chunk */
+} tacclRunResult;
+
+typedef struct tacclRuntime tacclRuntime;
+
+/* Handle lifetime. tacclCreate returns NULL only when out of memory. */
+tacclRuntime* tacclCreate(void);
+void tacclDestroy(tacclRuntime* h);
+
+/* Last error message of this handle ("" if none). Valid until the next call on the handle. */
+const char* tacclLastError(const tacclRuntime* h);
+
+/* Options (name, value):
+ *   "backend"      tacclBackend (default host)
+ *   "timeout_ms"   watchdog: abort after this long without progress (default 10000; env TACCL_RUNTIME_TIMEOUT_MS)
+ *   "tile_bytes"   override the protocol tile size C in bytes, 0 = protocol default (env TACCL_RUNTIME_TILE_BYTES)
+ *   "analysis"     1 (default): refuse programs with a dependency cycle or a data race at load time; 0: skip
+ *   "cuda_devices" number of GPUs to spread ranks over, 0 = all visible (ranks map to GPU rank % n) */
+tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value);
+
+/* Load and validate one file. On error nothing is loaded and the message names file, line, rank, tb, step. */
+tacclStatus tacclLoadFile(tacclRuntime* h, const char* path);
+/* Load every file of MSCCL_XML_FILES (colon-separated), or TACCL_XML_FILES when the former is unset.
+ * All or nothing: if one file fails, none is kept. *nloaded may be NULL. */
+tacclStatus tacclLoadFromEnv(tacclRuntime* h, int* nloaded);
+int tacclNumPrograms(const tacclRuntime* h);
+tacclStatus tacclGetProgramInfo(const tacclRuntime* h, int index, tacclProgramInfo* info);
+
+/* Selection as the MSCCL executor does it: first program (in load order) whose coll, ngpus, in-place flag
+ * and size window match and for which count*mult is divisible by nchunksperloop. nbytes is the size of the
+ * larger buffer. *index = -1 when nothing matches (TACCL_OK is still returned). */
+tacclStatus tacclSelect(const tacclRuntime* h, int coll, int nranks, int64_t count, int dtype, int inplace,
+                        int* index);
+
+/* Run a collective over nranks ranks held by this process.
+ *   count: NCCL's count: per-rank elements for allgather/reducescatter, per-peer for alltoall, else total.
+ *   sendbufs[r], recvbufs[r]: the rank's buffers. With the host backend they are host memory; with the CUDA
+ *     backend they are device memory on the GPU that rank r maps to (see "cuda_devices").
+ *   In-place is detected from the pointers as NCCL does (allreduce/alltoall/broadcast/reduce: send == recv;
+ *   allgather: send == recv + r*count; reducescatter: recv == send + r*count), and must agree on all ranks.
+ *   program: an index to force that program (refused if it does not fit the call), or -1 to select.
+ *   root: for broadcast and reduce, informational (the program encodes its root).
+ * The call status is TACCL_OK whenever result->outcome was set; result may not be NULL. */
+tacclStatus tacclRun(tacclRuntime* h, int program, int coll, int dtype, int op, int nranks, int64_t count,
+                     void* const* sendbufs, void* const* recvbufs, int root, tacclRunResult* result);
+
+/* Like tacclRun but the buffers are always host memory: with the CUDA backend the runtime stages them to
+ * the GPUs and back, and result->elapsedUs times the kernels only. */
+tacclStatus tacclRunHostBuffers(tacclRuntime* h, int program, int coll, int dtype, int op, int nranks,
+                                int64_t count, void* const* sendbufs, void* const* recvbufs, int root,
+                                tacclRunResult* result);
+
+/* 1 if the library was built with the CUDA backend and a GPU is usable, else 0. */
+int tacclCudaAvailable(void);
+
+/* One-shot: parse and validate one file (with the race/deadlock analysis). Writes the message (truncated to
+ * errlen, always NUL-terminated when errlen > 0) on error; err may be NULL. */
+tacclStatus tacclCheckFile(const char* path, char* err, size_t errlen);
+
+/* Sizes and names. */
+size_t tacclTypeSize(int dtype);
+const char* tacclCollName(int coll);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,192 @@
+// The C API: each function casts the handle and forwards to Runtime, inside try/catch so no C++ exception
+// crosses extern "C".
+#include <cstring>
+#include <new>
+
+#include "../include/taccl_runtime.h"
+#include "runtime.h"
+
+struct tacclRuntime {
+  taccl::Runtime rt;
+  std::string error;
+};
+
+namespace {
+
+tacclStatus setError(tacclRuntime* h, const std::string& m) {
+  if (h) h->error = m;
+  return TACCL_ERROR;
+}
+
+template <class F>
+tacclStatus guarded(tacclRuntime* h, F&& f) {
+  if (!h) return TACCL_ERROR;
+  try {
+    h->error.clear();
+    return f();
+  } catch (const taccl::ProgramError& e) {
+    return setError(h, e.what());
+  } catch (const std::bad_alloc&) {
+    return setError(h, "out of memory");
+  } catch (const std::exception& e) {
+    return setError(h, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return setError(h, "internal error");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+tacclRuntime* tacclCreate(void) {
+  try {
+    return new tacclRuntime();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void tacclDestroy(tacclRuntime* h) { delete h; }
+
+const char* tacclLastError(const tacclRuntime* h) { return h ? h->error.c_str() : "null handle"; }
+
+tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value) {
+  return guarded(h, [&]() -> tacclStatus {
+    if (!name) return setError(h, "null option name");
+    std::string n(name);
+    if (n == "backend") {
+      if (value != 0 && value != 1) return setError(h, "backend must be 0 (host) or 1 (cuda)");
+      if (value == 1 && !taccl::cudaAvailable())
+        return setError(h, "the CUDA backend is unavailable (library built without nvcc, or no usable GPU)");
+      h->rt.backend = (int)value;
+    } else if (n == "timeout_ms") {
+      if (value <= 0) return setError(h, "timeout_ms must be positive");
+      h->rt.run.timeoutMs = value;
+    } else if (n == "tile_bytes") {
+      if (value < 0) return setError(h, "tile_bytes must be >= 0");
+      h->rt.tileBytes = value;
+    } else if (n == "analysis") {
+      h->rt.analysis = value != 0;
+    } else if (n == "cuda_devices") {
+      if (value < 0) return setError(h, "cuda_devices must be >= 0");
+      h->rt.run.cudaDevices = (int)value;
+    } else {
+      return setError(h, "unknown option '" + n + "'");
+    }
+    return TACCL_OK;
+  });
+}
+
+tacclStatus tacclLoadFile(tacclRuntime* h, const char* path) {
+  return guarded(h, [&]() -> tacclStatus {
+    if (!path) return setError(h, "null path");
+    h->rt.loadFile(path);
+    return TACCL_OK;
+  });
+}
+
+tacclStatus tacclLoadFromEnv(tacclRuntime* h, int* nloaded) {
+  return guarded(h, [&]() -> tacclStatus {
+    int n = h->rt.loadFromEnv();
+    if (nloaded) *nloaded = n;
+    return n == 0 ? TACCL_WARNING : TACCL_OK;
+  });
+}
+
+int tacclNumPrograms(const tacclRuntime* h) { return h ? (int)h->rt.programs().size() : 0; }
+
+tacclStatus tacclGetProgramInfo(const tacclRuntime* h, int index, tacclProgramInfo* info) {
+  if (!h || !info || index < 0 || index >= (int)h->rt.programs().size()) return TACCL_ERROR;
+  const taccl::Program& p = *h->rt.programs()[index];
+  info->path = p.path.c_str();
+  info->name = p.name.c_str();
+  info->coll = (int)p.coll;
+  info->proto = (int)p.proto;
+  info->ngpus = p.ngpus;
+  info->nchannels = p.nchannels;
+  info->nchunksperloop = p.nchunks;
+  info->inplace = p.inplace;
+  info->outofplace = p.outofplace;
+  info->minBytes = p.minBytes;
+  info->maxBytes = p.maxBytes;
+  info->maxThreadBlocks = p.maxTbs();
+  return TACCL_OK;
+}
+
+tacclStatus tacclSelect(const tacclRuntime* h, int coll, int nranks, int64_t count, int dtype, int inplace, int* index) {
+  if (!h || !index || coll < 0 || coll > 5) return TACCL_ERROR;
+  try {
+    *index = h->rt.select((taccl::Coll)coll, nranks, count, dtype, inplace != 0);
+  } catch (...) {
+    return TACCL_ERROR;
+  }
+  return TACCL_OK;
+}
+
+static tacclStatus runImpl(tacclRuntime* h, int program, int coll, int dtype, int op, int nranks, int64_t count,
+                           void* const* sendbufs, void* const* recvbufs, int root, tacclRunResult* result, bool host) {
+  return guarded(h, [&]() -> tacclStatus {
+    if (!result) return setError(h, "null result");
+    result->outcome = TACCL_RUN_FAILED;
+    result->program = -1;
+    result->elapsedUs = 0;
+    result->tiles = 0;
+    if (coll < 0 || coll > 5) return setError(h, "unknown collective " + std::to_string(coll));
+    int chosen = -1;
+    int64_t tiles = 0;
+    taccl::RunReport rep = h->rt.runCall(program, (taccl::Coll)coll, dtype, op, nranks, count, sendbufs, recvbufs,
+                                         root, host, &chosen, &tiles);
+    result->outcome = (int)rep.outcome;
+    result->program = chosen;
+    result->elapsedUs = rep.elapsedUs;
+    result->tiles = tiles;
+    h->error = rep.message;
+    return TACCL_OK;
+  });
+}
+
+tacclStatus tacclRun(tacclRuntime* h, int program, int coll, int dtype, int op, int nranks, int64_t count,
+                     void* const* sendbufs, void* const* recvbufs, int root, tacclRunResult* result) {
+  return runImpl(h, program, coll, dtype, op, nranks, count, sendbufs, recvbufs, root, result, false);
+}
+
+tacclStatus tacclRunHostBuffers(tacclRuntime* h, int program, int coll, int dtype, int op, int nranks, int64_t count,
+                                void* const* sendbufs, void* const* recvbufs, int root, tacclRunResult* result) {
+  return runImpl(h, program, coll, dtype, op, nranks, count, sendbufs, recvbufs, root, result, true);
+}
+
+int tacclCudaAvailable(void) {
+  try {
+    return taccl::cudaAvailable() ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+tacclStatus tacclCheckFile(const char* path, char* err, size_t errlen) {
+  std::string msg;
+  try {
+    if (!path) msg = "null path";
+    else taccl::loadProgramFile(path);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  } catch (...) {
+    msg = "internal error";
+  }
+  if (err && errlen) {
+    size_t n = msg.size() < errlen - 1 ? msg.size() : errlen - 1;
+    std::memcpy(err, msg.data(), n);
+    err[n] = '\0';
+  }
+  return msg.empty() ? TACCL_OK : TACCL_ERROR;
+}
+
+size_t tacclTypeSize(int dtype) { return taccl::typeSize(dtype); }
+
+const char* tacclCollName(int coll) {
+  if (coll < 0 || coll > 5) return "?";
+  return taccl::collName((taccl::Coll)coll);
+}
+
+}  // extern "C"

@@ -1,0 +1,12 @@
+// Linked into the host-only library: the CUDA backend is absent.
+#include "plan.h"
+
+namespace taccl {
+bool cudaAvailable() { return false; }
+RunReport runCuda(const Plan&, const std::vector<char*>&, bool, const RunOptions&) {
+  RunReport r;
+  r.outcome = Outcome::Failed;
+  r.message = "this library was built without the CUDA backend (no nvcc); rebuild with `make runtime` where nvcc exists";
+  return r;
+}
+}  // namespace taccl

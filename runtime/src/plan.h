@@ -1,0 +1,67 @@
+// A launch plan: one program bound to one call (type, count), flattened into the POD tables the
+// interpreter core reads (LaunchArgs). Shared by both backends.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core.h"
+#include "program.h"
+
+namespace taccl {
+
+struct CallSpec {
+  Coll coll = Coll::AllReduce;
+  int dtype = 0, op = 0, nranks = 0;
+  int64_t count = 0;  // NCCL count
+  bool inplace = false;
+  int root = 0;
+};
+
+struct ConnSpec { int sendRank, recvRank, chan; };
+
+struct Plan {
+  const Program* prog = nullptr;
+  CallSpec call;
+  size_t typeSize = 0;
+  int64_t N = 0, S = 0, C = 0;  // elements: largest buffer, per chunk, per tile
+  int M = 1;
+  int64_t iters = 0;
+  int nslots = 0;
+  int64_t slotBytes = 0;
+  std::vector<Step> steps;
+  std::vector<TbLaunch> tbs;     // all ranks, rank-major
+  std::vector<ConnSpec> conns;
+  std::vector<int64_t> inElems, outElems, scratchElems;  // per rank
+};
+
+int64_t sizeMultiplier(Coll c, int nranks);
+int64_t protoTileBytes(Proto p);
+int protoSlots(Proto p);
+size_t typeSize(int dtype);
+
+// Throws ProgramError when the call cannot run this program (divisibility, tile count).
+Plan makePlan(const Program& p, const CallSpec& call, int64_t tileBytesOverride);
+
+struct RunOptions {
+  int64_t timeoutMs = 10000;
+  int cudaDevices = 0;
+};
+
+enum class Outcome { Done = 0, NoMatch = 1, Deadlock = 2, Failed = 3 };
+struct RunReport {
+  Outcome outcome = Outcome::Done;
+  double elapsedUs = 0;
+  std::string message;
+};
+
+// bufs[r*3 + BufKind]: input, output and scratch of each rank (scratch may be null: the backend allocates).
+RunReport runHost(const Plan& plan, const std::vector<char*>& bufs, const RunOptions& opt);
+// Device pointers; host == true means bufs are host memory to stage through the GPUs.
+RunReport runCuda(const Plan& plan, const std::vector<char*>& bufs, bool hostBuffers, const RunOptions& opt);
+bool cudaAvailable();
+
+// Human-readable description of a wait, used in watchdog messages of both backends.
+std::string describeWait(const Plan& plan, int g, const WaitInfo& w);
+
+}  // namespace taccl
