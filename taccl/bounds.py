@@ -1,0 +1,228 @@
+"""Lower bounds on the time of a collective on a topology (alpha-beta model), shown next to every time.
+
+`lower_bounds(topology, collective_name, size_bytes) -> dict` returns, in microseconds:
+
+``ingress_us``
+    per-GPU ingress bound: the bytes some GPU must receive divided by the sum of the bandwidths of its
+    distinct ingress resources (direct links, switch in-ports, its NIC when there are several nodes), plus
+    the smallest alpha among them (a link that carries v bytes is busy at least alpha + v/bw).
+``egress_us``
+    the same for the bytes some GPU must send.
+``cut_us``
+    the cut bound across node boundaries (several nodes only): the bytes that must enter (leave) a node,
+    divided by the summed bandwidth of its NICs, plus the NIC alpha. This is the multi-node special case of
+    the ForestColl cut bound (``shared/docs/reference-numbers.md`` section 2) with S = one whole node.
+``latency_us``
+    the alpha diameter: the smallest sum of alphas along a path between the farthest pair of ranks that
+    must communicate.
+
+`lower_bound(...)` is the largest of them. `size_bytes` follows MSCCL's convention (the largest buffer:
+the gathered output for AllGather, the input for ReduceScatter, the per-rank buffer for AllReduce and
+AllToAll). The volumes each rank must move, with M = size_bytes and R ranks (every value is generic, so a
+rank that needs information it does not hold must receive at least that many bytes of it):
+
+=============  ======================  ======================
+collective     receive (per rank)      send (per rank)
+=============  ======================  ======================
+allgather      (R-1)/R M               M/R
+reducescatter  M/R                     (R-1)/R M
+allreduce      M                       M
+alltoall       (R-1)/R M               (R-1)/R M
+broadcast      M (non-root)            M (root)
+reduce         M (root)                M (non-root)
+gather         (R-1)/R M (root)        M/R (non-root)
+scatter        M/R (non-root)          (R-1)/R M (root)
+=============  ======================  ======================
+
+AllReduce's bound is M/B, not the 2(R-1)/R M/B that the ring achieves: with separate ingress and egress
+bandwidth nothing forces a rank to move both its reduce-scatter and its all-gather traffic through one
+direction, so only the provable bound is reported.
+
+Examples
+--------
+>>> from taccl.topology import load_topology
+>>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000)
+>>> sorted(b)
+['cut_us', 'egress_us', 'ingress_us', 'latency_us']
+>>> round(b["cut_us"], 1)   # 16 MB must enter each node through 8 NICs of 12.5 GB/s
+162.6
+"""
+from __future__ import annotations
+
+import heapq
+from functools import lru_cache
+
+from .collectives import ALIASES, NAMES
+from .errors import UserError
+
+__all__ = ["lower_bounds", "lower_bound", "rank_volumes", "node_volumes"]
+
+INF = float("inf")
+
+
+def _canon(name: str) -> str:
+    n = ALIASES.get(name.lower(), name.lower())
+    if n not in NAMES:
+        raise UserError(f"no lower bound is known for collective {name!r}; known: {', '.join(NAMES)}")
+    return n
+
+
+def rank_volumes(collective: str, num_ranks: int, size_bytes: float, rank: int, root: int = 0) -> tuple:
+    """(bytes rank must receive, bytes it must send) for one rank."""
+    c, R, M = _canon(collective), num_ranks, float(size_bytes)
+    is_root = rank == root
+    table = {
+        "allgather": ((R - 1) / R * M, M / R),
+        "reducescatter": (M / R, (R - 1) / R * M),
+        "allreduce": (M, M),
+        "alltoall": ((R - 1) / R * M, (R - 1) / R * M),
+        "broadcast": (0.0, M) if is_root else (M, 0.0),
+        "reduce": (M, 0.0) if is_root else (0.0, M),
+        "gather": ((R - 1) / R * M, 0.0) if is_root else (0.0, M / R),
+        "scatter": (0.0, (R - 1) / R * M) if is_root else (M / R, 0.0),
+    }
+    return table[c] if R > 1 else (0.0, 0.0)
+
+
+def node_volumes(collective: str, num_ranks: int, gpus: int, size_bytes: float, has_root: bool) -> tuple:
+    """(bytes that must enter, bytes that must leave) a node holding `gpus` of the `num_ranks` ranks."""
+    c, N, g, M = _canon(collective), num_ranks, gpus, float(size_bytes)
+    table = {
+        "allgather": ((N - g) / N * M, g / N * M),
+        "reducescatter": (g / N * M, (N - g) / N * M),
+        "allreduce": (M, M),
+        "alltoall": (g * (N - g) / N * M, g * (N - g) / N * M),
+        "broadcast": (0.0, M) if has_root else (M, 0.0),
+        "reduce": (M, 0.0) if has_root else (0.0, M),
+        "gather": ((N - g) / N * M, 0.0) if has_root else (0.0, g / N * M),
+        "scatter": (0.0, (N - g) / N * M) if has_root else (g / N * M, 0.0),
+    }
+    return table[c] if N > g else (0.0, 0.0)
+
+
+def _local_ports(spec, multi_node: bool):
+    """Per local GPU: (sum in-bw, min in-alpha, sum out-bw, min out-alpha) over distinct resources."""
+    n = spec.gpus_per_node
+    ins = [dict() for _ in range(n)]  # resource -> (bw, alpha)
+    outs = [dict() for _ in range(n)]
+    for s, d, tname in spec.links:
+        lt = spec.link_types[tname]
+        outs[s][("link", s, d)] = (lt.bw_GBps, lt.alpha_us)
+        ins[d][("link", s, d)] = (lt.bw_GBps, lt.alpha_us)
+    for si, (_, gpus, tname) in enumerate(spec.switches):
+        lt = spec.link_types[tname]
+        if len(gpus) < 2:
+            continue
+        for g in gpus:
+            outs[g][("swout", si)] = (lt.bw_GBps, lt.alpha_us)
+            ins[g][("swin", si)] = (lt.bw_GBps, lt.alpha_us)
+    if multi_node:
+        for ni, (_, gpus, tname) in enumerate(spec.nics):
+            lt = spec.link_types[tname]
+            for g in gpus:
+                outs[g][("nic", ni)] = (lt.bw_GBps, lt.alpha_us)
+                ins[g][("nic", ni)] = (lt.bw_GBps, lt.alpha_us)
+
+    def fold(d):
+        if not d:
+            return 0.0, INF
+        return sum(bw for bw, _ in d.values()), min(a for _, a in d.values())
+
+    return [fold(ins[g]) + fold(outs[g]) for g in range(n)]
+
+
+def _intra_alpha_apsp(topology) -> list:
+    """All-pairs smallest alpha sums inside one node (local indices)."""
+    spec = topology.spec
+    n = spec.gpus_per_node
+    adj = [[] for _ in range(n)]
+    for (s, d), (kind, tname, _) in topology._intra_local.items():
+        adj[s].append((d, spec.link_types[tname].alpha_us))
+    dist = []
+    for src in range(n):
+        dd = [INF] * n
+        dd[src] = 0.0
+        heap = [(0.0, src)]
+        while heap:
+            t, u = heapq.heappop(heap)
+            if t > dd[u]:
+                continue
+            for v, a in adj[u]:
+                if t + a < dd[v]:
+                    dd[v] = t + a
+                    heapq.heappush(heap, (t + a, v))
+        dist.append(dd)
+    return dist
+
+
+def _latency_bound(topology, collective: str, root: int) -> float:
+    spec = topology.spec
+    n = spec.gpus_per_node
+    intra = _intra_alpha_apsp(topology)
+    nodes = topology.nodes
+    # Crossing nodes: every GPU has a NIC, so the best path is (intra to some x) + x's NIC alpha (+ 0 inside
+    # the destination node when landing on the destination itself).
+    nic_alpha = [INF] * n
+    if nodes > 1:
+        for _, gpus, tname in spec.nics:
+            for g in gpus:
+                nic_alpha[g] = spec.link_types[tname].alpha_us
+    out_cross = [min((intra[a][x] + nic_alpha[x] for x in range(n)), default=INF) for a in range(n)]
+
+    def dist(a_rank, b_rank):
+        a, b = topology.local(a_rank), topology.local(b_rank)
+        if topology.node_of(a_rank) == topology.node_of(b_rank):
+            return intra[a][b]
+        return out_cross[a]
+
+    c = _canon(collective)
+    R = topology.num_ranks
+    if c in ("broadcast", "scatter"):
+        return max(dist(root, d) for d in range(R) if d != root)
+    if c in ("reduce", "gather"):
+        return max(dist(s, root) for s in range(R) if s != root)
+    # every pair communicates; by node symmetry, sources in node 0 suffice
+    worst = 0.0
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                worst = max(worst, intra[a][b])
+        if nodes > 1:
+            worst = max(worst, out_cross[a])
+    return worst
+
+
+def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0) -> dict:
+    """Lower bounds (microseconds) on any algorithm for the collective at this size; see the module doc."""
+    c = _canon(collective_name)
+    R = topology.num_ranks
+    multi = topology.nodes > 1
+    ports = _local_ports(topology.spec, multi)
+    ingress = egress = 0.0
+    for rank in range(R) if c in ("broadcast", "reduce", "gather", "scatter") else range(topology.gpus_per_node):
+        vin, vout = rank_volumes(c, R, size_bytes, rank, root)
+        bin_, ain, bout, aout = ports[topology.local(rank)]
+        if vin > 0:
+            ingress = max(ingress, INF if bin_ <= 0 else ain + vin / (bin_ * 1000.0))
+        if vout > 0:
+            egress = max(egress, INF if bout <= 0 else aout + vout / (bout * 1000.0))
+    cut = 0.0
+    if multi:
+        spec = topology.spec
+        nic_bw = sum(spec.link_types[t].bw_GBps for _, _, t in spec.nics)
+        nic_alpha = min((spec.link_types[t].alpha_us for _, _, t in spec.nics), default=INF)
+        g = topology.gpus_per_node
+        root_node = topology.node_of(root)
+        for node in ({0, root_node} if c in ("broadcast", "reduce", "gather", "scatter") else {0}) | (
+                {1 if root_node == 0 else 0} if c in ("broadcast", "reduce", "gather", "scatter") else set()):
+            vin, vout = node_volumes(c, R, g, size_bytes, node == root_node)
+            for v in (vin, vout):
+                if v > 0:
+                    cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
+    latency = _latency_bound(topology, c, root) if R > 1 else 0.0
+    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency}
+
+
+def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0) -> float:
+    """The largest of `lower_bounds`."""
+    return max(lower_bounds(topology, collective_name, size_bytes, root=root).values())
