@@ -1,0 +1,198 @@
+"""Analysis of generated probe samples (noise and outliers) for NDv2-like, DGX A100-like and H100-like nodes:
+link costs, switch groups, NIC placement, nearest CPU, renumbering, and the topology file written."""
+import copy
+import json
+
+import pytest
+
+from taccl.errors import UserError
+from taccl.profiler.analyze import analyze
+from taccl.profiler.samples import check_samples, empty_samples
+from taccl.profiler.synth import generate
+from taccl.profiler.writer import facts_from_analysis, to_topology
+from taccl.topology import DGX1_DOUBLE, DGX1_SINGLE, Topology, load_spec
+
+
+def run(doc, **kw):
+    doc = check_samples(json.loads(json.dumps(doc)))
+    an = analyze(doc)
+    topo, ren = to_topology(facts_from_analysis(an, doc), **kw)
+    return an, topo, ren
+
+
+@pytest.fixture(scope="module", params=["ndv2", "dgx-a100", "h100"])
+def layout(request):
+    doc, truth = generate(request.param, seed=11)
+    an, topo, ren = run(doc)
+    return request.param, doc, truth, an, topo, ren
+
+
+def within(a, b, tol=0.05):
+    return abs(a / b - 1) < tol
+
+
+def test_link_costs_recovered(layout):
+    name, _, truth, an, topo, _ = layout
+    sm = 0.97  # the generator's SM-copy efficiency; the analysis prefers SM copies
+    if truth["fabric"] == "switch":
+        (cls,) = an.direct_classes
+        assert cls.kind == "switch" and "keep only" in an.switch_evidence
+        assert within(cls.fit.bw_GBps, truth["sw"][0] * sm) and within(cls.fit.alpha_us, truth["sw"][1])
+        assert topo["switches"][0]["gpus"] == list(range(8))
+    else:
+        by_bw = sorted(an.direct_classes, key=lambda c: c.fit.bw_GBps)
+        assert [len(c.members) for c in by_bw] == [16, 16]
+        for cls, k in zip(by_bw, (1, 2)):
+            assert within(cls.fit.bw_GBps, truth["nv"][k] * sm) and within(cls.fit.alpha_us, truth["nv_alpha"])
+            assert {tuple(sorted(p)) for p in cls.members} == {tuple(sorted(e)) for e, m in truth["edges"].items() if m == k}
+        assert [c.kind for c in an.classes if c.kind == "pcie"] == ["pcie"]  # non-NVLink pairs kept out
+    assert within(an.net_fit.alpha_us, truth["net"][0]) and within(an.net_fit.bw_GBps, truth["net"][1])
+    for (d, g), f in an.host_fits.items():
+        assert within(f.bw_GBps, truth["host"][0]) and within(f.alpha_us, truth["host"][1])
+
+
+def test_pcie_groups_and_nic_placement(layout):
+    _, doc, truth, an, topo, ren = layout
+    assert an.pcie_groups == truth["pcie_groups"]
+    assert [sorted(n.gpus_on_switch) for n in an.nics] == truth["nic_gpus"]
+    assert [n.numa_node for n in an.nics] == truth["nic_numa"]
+    assert all("loopback latency" in n.numa_evidence for n in an.nics)
+    # In the file, each NIC points at the PCIe switch that holds its GPUs, in the new numbering.
+    inv = ren.inverse()
+    for nic, gpus in zip(topo["nics"], truth["nic_gpus"]):
+        assert sorted(inv[g] for g in gpus) == topo["pcie_switches"][nic["pcie_switch"]]
+
+
+def test_topology_file_loads_and_records_fit_quality(layout, tmp_path):
+    name, _, _, an, topo, _ = layout
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(topo))
+    spec = load_spec(str(path))
+    assert spec.gpus_per_node == 8 and spec.nics
+    Topology(spec, nodes=2)
+    for t in topo["link_types"].values():
+        assert t["fit"]["ok"] and t["fit"]["n_outliers"] >= 0 and "rel_residual_median" in t["fit"]
+    m = topo["measurements"]
+    assert m["pair_fits"] and m["host_fits"] and m["pcie_evidence"] and m["renumbering"]["order"]
+    assert m["unmeasured"] == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 5])
+def test_ndv2_renumbering_matches_canonical_wiring_and_puts_nic_next_to_gpu0(seed):
+    doc, truth = generate("ndv2", seed=seed)
+    an, topo, ren = run(doc)
+    order = ren.order
+    assert topo["cuda_visible_devices"] == ",".join(map(str, order))
+    assert ren.nic_next_to_gpu0 and order[0] in truth["nic_gpus"][0]
+    # Relabelled measured graph == the canonical DGX-1 / NDv2 wiring with the same multiplicities.
+    inv = ren.inverse()
+    relabelled = {(min(inv[a], inv[b]), max(inv[a], inv[b])): k for (a, b), k in truth["edges"].items()}
+    assert relabelled == {**{e: 2 for e in DGX1_DOUBLE}, **{e: 1 for e in DGX1_SINGLE}}
+    # ... and that is what the written file says.
+    doubles = {(l["src"], l["dst"]) for l in topo["links"] if l["type"] == "nvlink_x2"}
+    assert doubles == set(DGX1_DOUBLE)
+    assert topo["nics"][0]["pcie_switch"] == 0 and 0 in topo["pcie_switches"][0]
+    assert ren.reference in ("ndv2", "dgx1")
+
+
+def test_renumbering_without_builtin_reference_is_an_automorphism():
+    doc, truth = generate("ndv2", seed=3, permute=False, nic_group=2)
+    an, topo, ren = run(doc, auto_reference=False)
+    assert ren.reference is None and ren.order[0] in (4, 5) and ren.nic_next_to_gpu0
+    inv = ren.inverse()
+    edges = {(min(inv[a], inv[b]), max(inv[a], inv[b])): k for (a, b), k in truth["edges"].items()}
+    assert edges == {(min(a, b), max(a, b)): k for (a, b), k in truth["edges"].items()}
+
+
+def test_full_mesh_is_not_taken_for_a_switch():
+    doc, _ = generate("h100", seed=4)
+    for m in doc["measurements"]:
+        if m["probe"] == "p2p_concurrent":  # same-source copies keep their bandwidth: separate links
+            m["times_us"] = [[t / 2 for t in row] for row in m["times_us"]]
+    an, topo, _ = run(doc)
+    assert "switches" not in topo and len(topo["links"]) == 28 and "full mesh" in an.switch_evidence
+
+
+# ---- degraded inputs: still produce what can be measured, and say what could not -----------------------------
+
+def reasons(topo):
+    return {u["what"]: u["reason"] for u in topo["measurements"]["unmeasured"]}
+
+
+def test_no_nic_and_no_peer_node():
+    doc, _ = generate("dgx-a100", seed=2, net=False)
+    doc["nics"] = []
+    doc["measurements"] = [m for m in doc["measurements"] if m["probe"] not in ("nic_loopback", "host_nic_busy")]
+    _, topo, _ = run(doc)
+    assert "nics" not in topo and topo["max_nodes"] == 1
+    assert "no NIC" in reasons(topo)["NIC"]
+    load_spec_from(topo)
+
+
+def test_nic_without_net_measurement_gets_nominal_cost():
+    doc, _ = generate("h100", seed=2, net=False)
+    _, topo, _ = run(doc)
+    assert topo["link_types"]["ib"]["bw_GBps"] == 50.0 and "nominal" in topo["link_types"]["ib"]["note"]
+    assert "--peer" in reasons(topo)["inter-node alpha and bandwidth"]
+
+
+def test_one_gpu():
+    doc = empty_samples()
+    doc.update(gpus=[{"index": 0, "name": "x"}], skipped=[{"probe": "p2p", "what": "GPU-GPU copies",
+                                                           "reason": "only one GPU"}], status="complete")
+    gen, _ = generate("h100", seed=1, net=False)
+    doc["measurements"] = [m for m in gen["measurements"] if m["probe"] == "host" and m["gpu"] == 0]
+    _, topo, _ = run(doc)
+    assert topo["gpus_per_node"] == 1 and reasons(topo)["GPU-GPU copies"] == "only one GPU"
+    load_spec_from(topo)
+
+
+def test_no_gpu_gives_a_clear_error():
+    doc = empty_samples()
+    doc["skipped"] = [{"probe": "all", "what": "GPUs", "reason": "cudaGetDeviceCount: no CUDA-capable device"}]
+    an = analyze(check_samples(doc))
+    assert any("no CUDA-capable device" in u["reason"] for u in an.unmeasured)
+    with pytest.raises(UserError, match="no GPU"):
+        to_topology(facts_from_analysis(an, doc))
+
+
+def test_no_peer_access_and_timeouts_are_marked():
+    doc, _ = generate("dgx-a100", seed=5, net=False)
+    for m in doc["measurements"]:
+        if m["probe"] == "p2p" and m["src"] == 3:
+            m.update(status="timeout", reason="watchdog: 10 s", samples=[])
+    doc["skipped"].append({"probe": "p2p_sm", "what": "p2p sm 3->*", "reason": "no peer access"})
+    an, topo, _ = run(doc)
+    r = reasons(topo)
+    assert r["p2p sm 3->*"] == "no peer access"
+    assert any(k.startswith("p2p engine=sm src=3") and v.startswith("timeout") for k, v in r.items())
+    # the switch still covers all GPUs (pairs measured into GPU 3 keep it in)
+    assert topo["switches"][0]["gpus"] == list(range(8))
+
+
+def test_samples_that_do_not_fit_a_line_are_reported():
+    doc, _ = generate("h100", seed=6, net=False)
+    for m in doc["measurements"]:
+        if m["probe"] == "host" and m["gpu"] == 2 and m["direction"] == "d2h":
+            m["samples"] = [[s, 1 + (s / 1e6) ** 2] for s, _ in m["samples"]]
+    an, topo, _ = run(doc)
+    assert "do not fit" in reasons(topo)["host d2h gpu=2"]
+
+
+@pytest.mark.parametrize("mutate,msg", [
+    (lambda d: d.update(format="other"), "not a profiler samples file"),
+    (lambda d: d["measurements"].append({"probe": "warp"}), "unknown probe"),
+    (lambda d: d["measurements"].append({"probe": "p2p", "src": 9, "dst": 0}), "GPU index 9"),
+    (lambda d: d["measurements"].append({"probe": "host", "gpu": 0, "samples": [[1, 2, 3]]}), "pairs"),
+])
+def test_bad_samples_file(mutate, msg):
+    doc, _ = generate("h100", seed=0, net=False, reps=1)
+    doc = copy.deepcopy(doc)
+    mutate(doc)
+    with pytest.raises(UserError, match=msg):
+        check_samples(doc, path="s.json")
+
+
+def load_spec_from(topo):
+    from taccl.topology import spec_from_dict
+    return spec_from_dict(json.loads(json.dumps(topo)))
