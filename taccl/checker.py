@@ -377,8 +377,8 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
         add(ERROR, "limit.nodes", f"ngpus={p.ngpus}: <algo> may have at most 1024 children")
 
     cf = p.nchunksperloop // p.ngpus if p.ngpus else 0
-    m_in = p.ngpus if coll == "allgather" else 1
-    m_out = p.ngpus if coll == "reducescatter" else 1
+    m_in = p.ngpus if coll in ("allgather", "gather") else 1
+    m_out = p.ngpus if coll in ("reducescatter", "scatter") else 1
     for g in p.gpus:
         r = g.id
         for name, v in (("i_chunks", g.i_chunks), ("o_chunks", g.o_chunks), ("s_chunks", g.s_chunks)):
