@@ -131,7 +131,9 @@ def _nic_assignment(f: NodeFacts) -> list:
     # NICs that share the same GPUs split them in order (two NICs on a two-GPU switch: one GPU each).
     by_set = {}
     for i, n in enumerate(nics):
-        key = tuple(sorted(n.get("gpus_closest") or n.get("gpus_on_switch") or []))
+        on_switch = n.get("gpus_on_switch") or []
+        closest = [g for g in n.get("gpus_closest") or [] if g in on_switch]  # PIX before PXB
+        key = tuple(sorted(closest or on_switch))
         if key:
             by_set.setdefault(key, []).append(i)
     for gpus, idxs in by_set.items():

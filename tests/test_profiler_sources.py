@@ -1,0 +1,130 @@
+"""Offline sources: `nvidia-smi topo -m` texts and NCCL topology XML of common systems (see
+tests/data/profiler/SOURCES.md), and refining them with measurements."""
+import json
+from pathlib import Path
+
+import pytest
+
+from taccl.errors import UserError
+from taccl.profiler import nccl_xml, nvsmi
+from taccl.profiler.analyze import analyze
+from taccl.profiler.samples import load_samples
+from taccl.profiler.writer import facts_from_analysis, merge_facts, to_topology
+from taccl.topology import DGX1_DOUBLE, DGX1_SINGLE, spec_from_dict
+
+DATA = Path(__file__).parent / "data" / "profiler"
+
+
+def topo_of(facts, **kw):
+    doc, ren = to_topology(facts, **kw)
+    spec_from_dict(json.loads(json.dumps(doc)))  # the synthesizer accepts it
+    return doc, ren
+
+
+def test_dgx1_wiring_pcie_pairs_and_nics():
+    f = nvsmi.parse(DATA / "nvidia-smi" / "dgx1-v100-hybrid-cube-mesh.txt")
+    by = {c["name"]: {tuple(sorted(p)) for p in c["pairs"]} for c in f.classes}
+    assert by == {"nvlink_x2": set(DGX1_DOUBLE), "nvlink_x1": set(DGX1_SINGLE)}
+    assert f.pcie_groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [(n["name"], n["gpus_on_switch"], n["numa_node"]) for n in f.nics] == [
+        ("mlx5_0", [0, 1], 0), ("mlx5_1", [2, 3], 0), ("mlx5_2", [4, 5], 1), ("mlx5_3", [6, 7], 1)]
+    doc, _ = topo_of(f)
+    assert doc["link_types"]["nvlink_x2"]["bw_GBps"] == 50.0 and "nominal" in doc["link_types"]["nvlink_x2"]["note"]
+    assert [n["gpus"] for n in doc["nics"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+@pytest.mark.parametrize("name,k,n", [("dgx-h100-nv18.txt", 18, 8), ("h800-8gpu-nv8.txt", 8, 8),
+                                      ("dgx2-16gpu-nv6.txt", 6, 16)])
+def test_uniform_nvlink_is_a_switch(name, k, n):
+    f = nvsmi.parse(DATA / "nvidia-smi" / name)
+    (c,) = f.classes
+    assert c["kind"] == "switch" and c["bw_GBps"] == k * 25.0 and f.n_gpus == n
+    doc, _ = topo_of(f)
+    assert doc["switches"][0]["gpus"] == list(range(n))
+
+
+def test_h800_one_nic_per_gpu_and_storage_nic_left_out():
+    f = nvsmi.parse(DATA / "nvidia-smi" / "h800-8gpu-nv8.txt")
+    assert f.pcie_groups == [[g] for g in range(8)]
+    near = {n["name"]: n["gpus_on_switch"] for n in f.nics}
+    assert near["mlx5_2"] == [0] and near["mlx5_1"] == [4] and near["mlx5_0"] == []
+    assert f.gpu_numa == [0] * 4 + [1] * 4
+    doc, _ = topo_of(f)
+    assert sorted(n["name"] for n in doc["nics"]) == [f"mlx5_{i}" for i in range(1, 9)]
+    assert all(len(n["gpus"]) == 1 for n in doc["nics"])
+
+
+def test_dgx2_nics_follow_pix_pairs():
+    f = nvsmi.parse(DATA / "nvidia-smi" / "dgx2-16gpu-nv6.txt")
+    assert f.pcie_groups[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # PXB: one uplink per four GPUs
+    doc, _ = topo_of(f)
+    nics = {n["name"]: n["gpus"] for n in doc["nics"]}
+    assert nics["mlx5_0"] == [0, 1] and nics["mlx5_1"] == [2, 3]
+
+
+def test_pcie_only_systems():
+    f = nvsmi.parse(DATA / "nvidia-smi" / "rtx4090-8gpu-pcie.txt")
+    assert f.classes == [] and any(u["what"] == "GPU-GPU links" for u in f.unmeasured)
+    assert [n["numa_node"] for n in f.nics] == [1, 1]
+    doc, ren = topo_of(f)
+    assert ren.order[0] == 6  # GPU6 is the one GPU next to the NICs (PHB); it becomes GPU 0
+    k80 = nvsmi.parse(DATA / "nvidia-smi" / "k80-6gpu-pix-soc.txt")
+    assert k80.pcie_groups == [[0, 1], [2, 3], [4, 5]] and k80.gpu_numa == [0, 0, 1, 1, 1, 1]
+    topo_of(k80)
+    l40s = nvsmi.parse(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt")
+    assert l40s.pcie_groups is None and l40s.gpu_numa == [0] * 4 + [1] * 4
+    topo_of(l40s)
+
+
+@pytest.mark.parametrize("text,msg", [("hello", "no header"),
+                                      ("        GPU0    GPU1\nGPU0     X      NV2\n", "rows missing"),
+                                      ("        GPU0    GPU1\nGPU0     X      BOGUS\nGPU1 NV2 X\n", "recognised cells")])
+def test_bad_nvidia_smi_text(text, msg):
+    with pytest.raises(UserError, match=msg):
+        nvsmi.parse_text(text, path="t.txt")
+
+
+def test_nccl_dgx_a100_dump():
+    f = nccl_xml.parse(DATA / "nccl" / "dgx-a100-dump.xml")
+    (c,) = f.classes
+    assert c["kind"] == "switch" and c["bw_GBps"] == 12 * 20.0  # 12 NVLinks x NCCL's SM80 20 GB/s
+    assert f.pcie_groups == [[0, 1], [2, 3], [4, 5], [6, 7]] and f.gpu_numa == [3, 3, 1, 1, 7, 7, 5, 5]
+    near = {n["name"]: (n["gpus_on_switch"], n["numa_node"], n["rate_Gbps"]) for n in f.nics}
+    assert near["mlx5_0"] == ([0, 1], 3, 200.0) and near["mlx5_9"] == ([6, 7], 5, 200.0)
+    assert near["mlx5_4"] == ([], 0, 200.0)  # storage NIC, not on any GPU's switch
+    doc, _ = topo_of(f)
+    assert doc["link_types"]["ib"]["bw_GBps"] == 25.0
+    assert "mlx5_4" not in {n["name"] for n in doc["nics"]}
+
+
+def test_nccl_azure_files():
+    v4 = nccl_xml.parse(DATA / "nccl" / "azure-ndv4-topo.xml")
+    assert v4.pcie_groups == [[0, 1], [2, 3], [4, 5], [6, 7]] and v4.gpu_numa == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [n["gpus_on_switch"] for n in v4.nics][:2] == [[0, 1], [0, 1]]
+    v2 = nccl_xml.parse(DATA / "nccl" / "azure-ndv2-topo.xml")
+    assert v2.classes == [] and v2.nics[0]["numa_node"] == 0 and v2.gpu_numa == [0] * 4 + [1] * 4
+    topo_of(v2)
+
+
+def test_bad_nccl_xml():
+    with pytest.raises(UserError, match="invalid XML"):
+        nccl_xml.parse_text("<system>", path="x.xml")
+    with pytest.raises(UserError, match="expected <system>"):
+        nccl_xml.parse_text("<graphs/>", path="x.xml")
+
+
+def test_refine_nccl_structure_with_measurements():
+    """The Azure NDv2 file knows the NIC's socket but not the NVLinks; the samples know the NVLinks."""
+    base = nccl_xml.parse(DATA / "nccl" / "azure-ndv2-topo.xml")
+    doc = load_samples(DATA / "samples-ndv2-quick.json")
+    doc["measurements"] = [m for m in doc["measurements"] if m["probe"] in ("p2p", "p2p_concurrent", "host")]
+    doc["nics"] = []
+    meas = facts_from_analysis(analyze(doc), doc)
+    assert meas.pcie_groups is None and meas.nics == []
+    merged = merge_facts(base, meas)
+    assert merged.classes == meas.classes and merged.nics == base.nics
+    out, _ = topo_of(merged)
+    assert {"nvlink_x1", "nvlink_x2", "ib"} <= set(out["link_types"]) and out["nics"][0]["numa_node"] == 0
+    assert "fit" in out["link_types"]["nvlink_x2"]
+    with pytest.raises(UserError, match="GPUs"):
+        merge_facts(nvsmi.parse(DATA / "nvidia-smi" / "k80-6gpu-pix-soc.txt"), meas)
