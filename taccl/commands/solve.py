@@ -1,0 +1,89 @@
+"""`taccl solve SKETCH.json`: synthesize an algorithm, prove it, write <name>.algo.json (and <name>.xml)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+from ..fileio import write_json
+from ..progress import Reporter
+from ..sketch import load_sketch
+from ..solver import SOLVERS
+
+
+def register(sub):
+    p = sub.add_parser("solve", help="synthesize an algorithm from a communication sketch",
+                       description="Synthesize a collective algorithm (routing MILP, ordering heuristic, contiguity MILP), "
+                                   "verify it and write <name>.algo.json and, where the lowering is available, <name>.xml.")
+    p.add_argument("sketch", help="communication sketch (JSON)")
+    p.add_argument("--topology", help="built-in topology name or topology file (overrides the sketch)")
+    p.add_argument("--nodes", type=int, help="number of nodes (overrides the sketch)")
+    p.add_argument("--collective", help="allgather, alltoall, reducescatter, allreduce, broadcast, reduce, gather, scatter, "
+                                        "or a JSON file with a custom collective")
+    p.add_argument("--size", help="input size, e.g. 1M, 64KiB (overrides the sketch; default 1M)")
+    p.add_argument("--solver", choices=SOLVERS, default="highs")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="time limit per MILP stage in seconds (default 120)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-extra-hops", type=int, default=None, help="allow routes this many hops longer than minimal")
+    p.add_argument("--name", help="output name (default: the sketch's)")
+    p.add_argument("--no-xml", action="store_true", help="write only the algorithm JSON")
+    p.add_argument("--proto", default="Simple", choices=["Simple", "LL", "LL128"], help="protocol of the XML program")
+    p.add_argument("--instances", type=int, default=1, help="instances of the XML program (channels per chunk)")
+    p.add_argument("-o", "--output", default=".", metavar="OUTDIR", help="output directory (default .)")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..synthesize import SynthesisOptions, default_name, synthesize
+
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise UserError("must be positive", where="--time-limit")
+    if args.nodes is not None and args.nodes < 1:
+        raise UserError("must be at least 1", where="--nodes")
+    report = Reporter(quiet=args.quiet or args.json)
+    sketch = load_sketch(args.sketch)
+    opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops)
+    if args.time_limit is not None:
+        opts.time_limit_s = args.time_limit
+    name = args.name or default_name(sketch, args.collective)
+    algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,
+                      options=opts, report=report, name=name)
+    out = Path(args.output)
+    xml_path = None
+    program = None
+    if not args.no_xml:
+        program = _lower(algo, args, report)
+    # Everything is proven before anything is written.
+    algo_path = write_json(out / f"{name}.algo.json", algo.to_json())
+    written = [str(algo_path)]
+    if program is not None:
+        from ..lowering import write_program
+
+        xml_path = out / f"{name}.xml"
+        write_program(program, xml_path)
+        written.append(str(xml_path))
+    summary = {"name": name, "time_us": algo.time_us, "lower_bound_us": algo.lower_bound_us,
+               "ratio": algo.time_us / algo.lower_bound_us if algo.lower_bound_us else None,
+               "transfers": len(algo.transfers), "stages": algo.stages, "notes": algo.notes, "files": written}
+    if args.json:
+        json.dump(summary, sys.stdout, indent=1)
+        print()
+    else:
+        for f in written:
+            report(f"wrote {f}")
+        for n in algo.notes:
+            report(f"note: {n}")
+    return 0
+
+
+def _lower(algo, args, report):
+    try:
+        from ..lowering import lower
+    except ImportError:
+        report("lowering is not available in this build; writing the algorithm JSON only")
+        return None
+    report(f"lowering to MSCCL XML (proto {args.proto}, {args.instances} instance(s))")
+    return lower(algo, instances=args.instances, proto=args.proto)

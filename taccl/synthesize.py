@@ -1,0 +1,222 @@
+"""The synthesizer: sketch + topology + collective -> timed Algorithm, in three stages (TACCL section 5).
+
+    problem = build_problem(...)          what the sketch allows, symmetry group
+    routing = route(problem)              stage 1: routing MILP (bandwidth relaxed)
+    tasks   = transfer tasks from routes  (combining collectives: inverse AllGather trees, TACCL section 5.3)
+    sched   = best_schedule(tasks)        stage 2: greedy ordering heuristic
+    groups  = contiguity(tasks, sched)    stage 3: contiguity and exact scheduling MILP
+    verify(algorithm)                     transfer-level proof of the postcondition
+
+Combining collectives are synthesized directly: ReduceScatter reverses the AllGather trees (every rank
+sends its partial sum of a chunk towards the chunk's owner once it has received its subtree's partials) and
+is ordered and scheduled again; AllReduce is that ReduceScatter followed, chunk by chunk, by the AllGather
+along the same trees (a chunk's AllGather starts as soon as its own reduction is complete, not after the
+whole ReduceScatter). Reduce is the inverse of Broadcast.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import solver as milp
+from .algorithm import Algorithm, Transfer, collective_to_json, verify
+from .bounds import lower_bounds
+from .collectives import Collective, load_custom_collective, make_collective
+from .contiguity import contiguity
+from .errors import UserError
+from .ordering import Task, best_schedule
+from .problem import Problem, build_problem
+from .progress import SILENT
+from .routing import route
+from .sketch import DEFAULT_INPUT_SIZE, Sketch, load_sketch
+from .topology import Topology, load_spec
+from .units import parse_size
+
+DEFAULT_TIME_LIMIT_S = 120.0
+
+
+@dataclass
+class SynthesisOptions:
+    solver: str = "highs"
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S  # per MILP stage
+    threads: int = 1
+    seed: int = 0
+    max_extra_hops: int | None = None  # None: the sketch's, else 1 (0 for problems with many chunks)
+    merge_links: str | None = None  # None: the sketch's ("internode" by default)
+
+
+def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None):
+    """Apply command-line overrides to a sketch; return (Topology, Collective, input_size_bytes)."""
+    topo_name = topology or sketch.topology
+    if not topo_name:
+        raise UserError("the sketch names no topology: add \"topology\" to it or pass --topology", path=sketch.path, where="$")
+    spec = load_spec(topo_name, source=sketch.path, where="$.topology" if not topology else "--topology")
+    n = nodes or sketch.nodes or 1
+    topo = Topology(spec, n)
+    name = collective or sketch.collective or "allgather"
+    chunkup = sketch.chunkup
+    if sketch.collective_file and not collective:
+        coll = load_custom_collective(sketch.collective_file, topo.num_ranks)
+    elif name.endswith(".json"):
+        coll = load_custom_collective(name, topo.num_ranks)
+    else:
+        coll = make_collective(name, topo.num_ranks, chunkup, root=sketch.collective_root)
+    if input_size is not None:
+        size = parse_size(input_size, where="--size")
+    else:
+        size = sketch.input_size_bytes or parse_size(DEFAULT_INPUT_SIZE)
+    if size <= 0:
+        raise UserError("input size must be positive", where="--size")
+    return topo, coll, size
+
+
+def _link_info(prob: Problem, src: int, dst: int):
+    """(alpha, beta, resources, type, internode) of the path src->dst: the sketch's link, else the physical one."""
+    li = prob.link_index.get((src, dst))
+    if li is not None:
+        l = prob.links[li]
+        return l.alpha_us, l.beta_us, l.resources, l.type, l.internode
+    phys = prob.topology.link(src, dst)
+    if phys is None:
+        raise UserError(f"the reverse of link {dst}->{src} does not exist in topology {prob.topology.name!r}, "
+                        f"so its reduction cannot be routed back")
+    return (phys.alpha_us, prob.chunk_bytes / (phys.bw_GBps * 1000.0), phys.resources, phys.type.name,
+            phys.kind == "net")
+
+
+def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
+    """Transfer tasks with data dependencies, from per-chunk routes of the (dual) collective."""
+    tasks = []
+
+    def add(c, src, dst, op, preds):
+        alpha, beta, res, ltype, inter = _link_info(prob, src, dst)
+        tasks.append(Task(len(tasks), c, src, dst, op, alpha, beta, res, ltype, inter, list(preds)))
+        return tasks[-1].id
+
+    for c, par in enumerate(parent):
+        children = {}
+        for v, li in par.items():
+            children.setdefault(prob.links[li].src, []).append(v)
+        if not coll.combining:
+            into = {}
+
+            def forward(u):
+                for v in sorted(children.get(u, [])):
+                    into[v] = add(c, u, v, "copy", [into[u]] if u in into else [])
+                    forward(v)
+
+            for s in coll.sources(c):
+                forward(s)
+            continue
+        # Reduction towards the tree's root: v sends its partial to its parent after its children did.
+        roots = [s for s in prob.collective.sources(c)]
+        up = {}
+
+        def reduce_up(v):
+            preds = []
+            for w in sorted(children.get(v, [])):
+                reduce_up(w)
+                preds.append(up[w])
+            if v in par:
+                up[v] = add(c, v, prob.links[par[v]].src, "reduce", preds)
+            return preds
+
+        for root in roots:
+            at_root = reduce_up(root)
+            if coll.name == "allreduce":
+                into = {}
+
+                def forward(u):
+                    for v in sorted(children.get(u, [])):
+                        into[v] = add(c, u, v, "copy", [into[u]] if u in into else at_root)
+                        forward(v)
+
+                forward(root)
+    return tasks
+
+
+def _adjacency(coll: Collective, merge_links: str):
+    """Whether two tasks may be sent as one: the link policy, and contiguous chunks in both buffers."""
+
+    def index(c, rank, at_source):
+        if (c, rank) in coll.input_index and at_source:
+            return coll.input_index[(c, rank)]
+        if (c, rank) in coll.output_index:
+            return coll.output_index[(c, rank)]
+        return None  # relayed through scratch, which the lowering lays out in send order
+
+    def adjacent(t, u):
+        if merge_links == "none" or (merge_links == "internode" and not t.internode):
+            return False
+        for rank, at_source in ((t.src, True), (t.dst, False)):
+            a, b = index(t.chunk, rank, at_source), index(u.chunk, rank, at_source)
+            if a is not None and b is not None and b != a + 1:
+                return False
+            if (a is None) != (b is None):
+                return False
+        return True
+
+    return adjacent
+
+
+def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None,
+               options: SynthesisOptions | None = None, report=SILENT, name: str | None = None) -> Algorithm:
+    options = options or SynthesisOptions()
+    topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size)
+    solver = options.solver or sketch.solver or "highs"
+    milp_opts = milp.SolveOptions(time_limit_s=sketch.time_limit_s or options.time_limit_s,
+                                  threads=sketch.threads or options.threads, seed=options.seed)
+    route_coll = coll.dual() if coll.combining else coll
+    prob = build_problem(topo, route_coll, sketch, size)
+    report(f"problem: {prob.describe()}")
+    hops = options.max_extra_hops if options.max_extra_hops is not None else sketch.max_extra_hops
+    if hops is None:
+        hops = 1 if route_coll.num_chunks * len(prob.links) // max(1, len(prob.group)) <= 200_000 else 0
+    routing = route(prob, solver=solver, options=milp_opts, max_extra_hops=hops, report=report)
+    t0 = time.monotonic()
+    tasks = build_tasks(prob, coll, routing.parent)
+    sched = best_schedule(tasks)
+    ordering_stats = {"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
+                      "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us}
+    report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")
+    merge = options.merge_links or sketch.merge_links
+    cont = contiguity(tasks, sched, _adjacency(coll, merge), solver=solver, options=milp_opts, report=report)
+    algo = _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name)
+    algo.stages = [routing.stats, ordering_stats, cont.stats]
+    if routing.method == "heuristic":
+        algo.notes.append(routing.stats.get("fallback", "heuristic routing"))
+    algo.lower_bounds = lower_bounds(topo, coll.name, size)
+    algo.lower_bound_us = max(algo.lower_bounds.values(), default=0.0)
+    verify(algo, coll, lambda s, d: _link_info(prob, s, d)[2])
+    report(f"done: {algo.time_us:.2f} us predicted, lower bound {algo.lower_bound_us:.2f} us "
+           f"({algo.time_us / algo.lower_bound_us if algo.lower_bound_us else float('nan'):.2f}x)")
+    return algo
+
+
+def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name) -> Algorithm:
+    gid = {}
+    for g_index, g in enumerate(cont.groups):
+        for i in g.tasks:
+            gid[i] = g_index
+    transfers = []
+    for g_index, g in enumerate(cont.groups):
+        first = tasks[g.tasks[0]]
+        deps = sorted({gid[p] for i in g.tasks for p in tasks[i].preds} - {g_index})
+        transfers.append(Transfer(id=g_index, chunks=tuple(tasks[i].chunk for i in g.tasks), src=first.src, dst=first.dst,
+                                  op=first.op, send_us=g.start_us, arrive_us=g.finish_us, deps=tuple(deps),
+                                  link=first.link_type))
+    return Algorithm(name=name or sketch.name, collective=collective_to_json(coll),
+                     topology={"name": topo.name, "nodes": topo.nodes, "path": topo.spec.path},
+                     input_size_bytes=size, chunk_bytes=prob.chunk_bytes, transfers=transfers,
+                     time_us=cont.makespan_us, sketch=sketch.path)
+
+
+def synthesize_file(path, **kw) -> Algorithm:
+    return synthesize(load_sketch(path), **kw)
+
+
+def default_name(sketch: Sketch, collective: str | None) -> str:
+    base = Path(sketch.path).name.removesuffix(".json") if sketch.path else sketch.name
+    base = sketch.name if sketch.name and sketch.name != "sketch" else base
+    return f"{base}-{collective}" if collective and collective != sketch.collective else base
