@@ -107,6 +107,15 @@ _TOKEN = re.compile(
 )
 _ATTR = re.compile(r" (" + _NAME + r')="([^"]*)"')
 _INT = re.compile(r"[+-]?(?:0[xX][0-9a-fA-F]+|0|[1-9][0-9]*)\Z")
+# The canonical step form (what our writer and msccl-tools emit), parsed in one match; anything else takes the
+# general path with its precise errors.
+_D = r'(-?(?:0|[1-9][0-9]{0,9}))'
+_FAST_STEP = re.compile(
+    r' s="' + _D + r'" type="(s|r|rcs|rrs|rrc|rrcs|cpy|re|nop)" srcbuf="([ios])" srcoff="' + _D + r'" dstbuf="([ios])" '
+    r'dstoff="' + _D + r'" cnt="' + _D + r'" depid="' + _D + r'" deps="' + _D + r'" hasdep="([01])"'
+)
+_STEP_TYPES = {t.value: t for t in StepType}
+_BUFS = {b.value: b for b in Buf}
 
 
 def _diagnose(text: str, pos: int) -> str:
@@ -432,6 +441,17 @@ class _Reader:
                     stack.append(name)
                     skip_depth = 1
                 continue
+            if name == "step":
+                fm = _FAST_STEP.fullmatch(m.group("attrs"))
+                if fm is not None:
+                    s_, t_, sb, so, db, do, cn, di, ds, hd = fm.groups()
+                    self.tb.steps.append(Step(s=int(s_), type=_STEP_TYPES[t_], srcbuf=_BUFS[sb], srcoff=int(so),
+                                              dstbuf=_BUFS[db], dstoff=int(do), cnt=int(cn), depid=int(di),
+                                              deps=int(ds), hasdep=hd == "1", line=line))
+                    if not single:
+                        stack.append(name)
+                        skip_depth = 1
+                    continue
             a = self.attrs(name, m.group("attrs"), line)
             if name == "gpu":
                 self.gpu = self.gpu_elem(a, line)
