@@ -1,0 +1,193 @@
+"""Lowering: from an Algorithm (or a DSL trace) to a proven MSCCL-IR Program.
+
+The passes, in order (one module each; ``docs/lowering.md`` explains the choices):
+
+====================  =============================================================================
+buffers               Algorithm transfers -> `ChunkOp`s on concrete slots (input, output, scratch)
+instructions          ChunkOps -> instructions (s, r, rrc, cpy, re) with same-rank dependencies
+fusion                r+s -> rcs, rrc+s -> rrcs / rrs
+schedule              channels and thread blocks (one per connection and channel), deadlock-free order
+emit                  scratch compaction, dependencies and nops, instances, the Program
+check                 `taccl.checker.check_program`: a program that fails is never returned
+====================  =============================================================================
+
+Public API
+----------
+``lower(algorithm, *, instances=1, proto="Simple", min_bytes=0, max_bytes=0, max_tbs=108) -> Program``
+``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
+``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ..errors import CheckFailed, UserError
+from ..program import Program, Proto
+from .buffers import algorithm_ops
+from .emit import check_limits, compact_scratch, emit
+from .fusion import fuse
+from .instructions import generate
+from .ops import ChunkOp
+from .schedule import allocate
+
+__all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program"]
+
+MAX_CHANNELS = 32
+DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
+DEFAULT_MAX_STEPS = 64  # MSCCL_MAX_NUM_STEPS of a default executor build
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    instances: int = 1
+    proto: str = "Simple"
+    min_bytes: int = 0
+    max_bytes: int = 0
+    max_tbs: int = DEFAULT_MAX_TBS
+    max_steps: int = DEFAULT_MAX_STEPS
+    fuse: bool = True
+    check: bool = True
+
+    def validate(self) -> None:
+        if self.instances < 1:
+            raise UserError(f"--instances must be at least 1, got {self.instances}")
+        if self.instances > MAX_CHANNELS:
+            raise UserError(f"--instances {self.instances}: each instance needs its own channel and there are "
+                            f"at most {MAX_CHANNELS}")
+        try:
+            Proto(self.proto)
+        except ValueError:
+            raise UserError(f"unknown protocol {self.proto!r}; expected Simple, LL or LL128") from None
+        if self.min_bytes < 0 or self.max_bytes < 0 or (self.max_bytes and self.min_bytes > self.max_bytes):
+            raise UserError(f"size window [{self.min_bytes}, {self.max_bytes}] is invalid: need 0 <= min <= max "
+                            f"(max 0 = unbounded)")
+        if self.max_tbs < 1:
+            raise UserError(f"--max-tbs must be at least 1, got {self.max_tbs}")
+
+
+def lower(algorithm, *, instances: int = 1, proto: str = "Simple", min_bytes: int = 0, max_bytes: int = 0,
+          max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True, name: str | None = None) -> Program:
+    """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
+
+    Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
+    `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
+    """
+    opts = LoweringOptions(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
+                           max_tbs=max_tbs, fuse=fuse, check=check)
+    opts.validate()
+    coll = algorithm.make_collective()
+    ops = algorithm_ops(algorithm, coll, single=instances > 1)
+    return lower_ops(ops, coll, name=name or algorithm.name, options=opts)
+
+
+def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = None, **kw) -> Program:
+    """Lower ChunkOps (from `taccl.lowering.buffers` or `taccl.dsl`) for `coll`; see `lower`."""
+    opts = options or LoweringOptions(**kw)
+    opts.validate()
+    N = opts.instances
+    if N > 1 and any(op.cnt > 1 for op in ops):
+        ops = _split_ops(ops)
+    ops = _cap_cnt(ops)
+    per_instance_tbs = max(1, opts.max_tbs // N)
+    attempts = [(opts.fuse, cap) for cap in range(opts.max_steps, 7, -8)]
+    if opts.fuse:
+        attempts += [(False, cap) for cap in range(opts.max_steps, 7, -8)]
+    last_problems = []
+    for do_fuse, cap in attempts:
+        program = _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs)
+        problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
+        if problems:
+            last_problems = problems
+            if any("steps" in p for p in problems) and len(problems) == 1:
+                continue  # nops pushed a block over the limit: retry with a lower cap per block
+            break
+        if opts.check:
+            report = verify_program(program)
+            if not report.ok:
+                if do_fuse:
+                    continue
+                report.raise_if_failed(path=f"lowered program {name!r}")
+        return program
+    raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
+
+
+def _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs) -> Program:
+    instrs = generate(ops, coll.num_ranks)
+    if do_fuse:
+        fuse(instrs)
+    tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
+                   max_tbs=per_instance_tbs)
+    scratch = compact_scratch(tbs, coll.num_ranks)
+    return emit(tbs, coll, name=name, instances=opts.instances, proto=opts.proto, min_bytes=opts.min_bytes,
+                max_bytes=opts.max_bytes, scratch=scratch)
+
+
+def _split_ops(ops):
+    out = []
+    for op in ops:
+        if op.cnt == 1:
+            out.append(op)
+            continue
+        for k in range(op.cnt):
+            opnd = None if op.operand is None else (op.operand[0], op.operand[1] + k)
+            out.append(ChunkOp(op.kind, op.src_rank, op.src_buf, op.src_off + k, op.dst_rank, op.dst_buf,
+                               op.dst_off + k, 1, opnd, op.ch, op.key + (k,), op.origin))
+    return out
+
+
+def _cap_cnt(ops):
+    from .ops import MAX_CNT
+
+    if all(op.cnt <= MAX_CNT for op in ops):
+        return ops
+    out = []
+    for op in ops:
+        if op.cnt <= MAX_CNT:
+            out.append(op)
+            continue
+        for k, start in enumerate(range(0, op.cnt, MAX_CNT)):
+            n = min(MAX_CNT, op.cnt - start)
+            opnd = None if op.operand is None else (op.operand[0], op.operand[1] + start)
+            out.append(ChunkOp(op.kind, op.src_rank, op.src_buf, op.src_off + start, op.dst_rank, op.dst_buf,
+                               op.dst_off + start, n, opnd, op.ch, op.key + (k,), op.origin))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Checking and writing
+
+_PROVEN: dict = {}  # sha256 of the executor-dialect text -> True, for programs this process has proven
+
+
+def _fingerprint(program: Program) -> str:
+    from ..xmlio import program_to_xml
+
+    return hashlib.sha256(program_to_xml(program, dialect="executor").encode()).hexdigest()
+
+
+def verify_program(program: Program, *, dialect: str = "executor"):
+    """Run the checker; remember the program's content when it is proven."""
+    from ..checker import check_program
+
+    report = check_program(program, dialect=dialect, sm_count=max(DEFAULT_MAX_TBS, program.max_threadblocks))
+    if report.ok and dialect == "executor":
+        _PROVEN[_fingerprint(program)] = True
+        if len(_PROVEN) > 4096:
+            _PROVEN.clear()
+    return report
+
+
+def write_program(program: Program, path, dialect: str = "executor"):
+    """Check the program and write it atomically; raise `CheckFailed` (with the findings) otherwise.
+
+    The check is skipped only for a program whose exact content this process has already proven.
+    """
+    from ..xmlio import write_program as _write
+
+    if not (dialect == "executor" and _PROVEN.get(_fingerprint(program))):
+        report = verify_program(program, dialect=dialect)
+        if not report.ok:
+            first = "\n".join(str(f) for f in report.errors[:10])
+            raise CheckFailed(f"{path}: not written, the program fails {len(report.errors)} check(s):\n{first}")
+    return _write(program, path, dialect=dialect)

@@ -1,0 +1,149 @@
+"""Pass: buffer allocation, from an Algorithm's transfers to `ChunkOp`s on concrete slots (TACCL 6.2).
+
+Where chunk c lives on rank r:
+
+- at the start, where the precondition puts it: the input buffer, at ``Collective.input_index``;
+- its *home* on r is the output buffer (``Collective.output_index``) when the postcondition wants c on r,
+  else a scratch slot (a relay); a transfer that brings several chunks allocates their scratch slots
+  consecutively, in the transfer's order, so they can travel on together;
+- a copy transfer writes the home; a reduce transfer writes the home with the current value as the local
+  operand (an out-of-place first accumulation reads the input and writes the output, later ones add in
+  place);
+- at the end, every postcondition chunk not yet at its home is copied there locally (AllGather's own chunk
+  from input to output, say).
+
+A transfer of several chunks becomes one op with cnt > 1 for each run that is contiguous in the source
+slots, the destination slots and (for a reduce) the operand slots; otherwise several ops. Runs are cut at
+`MAX_CNT` chunks, and at 1 chunk when ``single=True`` (instances > 1 split every chunk, which breaks
+contiguity; see `taccl.lowering.emit`).
+
+Keys: the transfers in a topological order of their dependencies, ties by send time then id.
+"""
+from __future__ import annotations
+
+import heapq
+
+from ..errors import UserError
+from ..program import Buf
+from .ops import COPY, MAX_CNT, REDUCE, ChunkOp
+
+__all__ = ["algorithm_ops", "transfer_order"]
+
+
+def transfer_order(transfers: list) -> list:
+    """Transfers sorted by (send_us, id), moved later where a dependency would otherwise follow them."""
+    by_id = {t.id: t for t in transfers}
+    indeg = {t.id: 0 for t in transfers}
+    succ = {t.id: [] for t in transfers}
+    for t in transfers:
+        for d in set(t.deps):
+            if d not in by_id:
+                raise UserError(f"transfer {t.id} depends on transfer {d}, which does not exist")
+            if d == t.id:
+                raise UserError(f"transfer {t.id} depends on itself")
+            indeg[t.id] += 1
+            succ[d].append(t.id)
+    heap = [(t.send_us, t.id) for t in transfers if indeg[t.id] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        out.append(by_id[i])
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, (by_id[j].send_us, j))
+    if len(out) != len(transfers):
+        raise UserError("the transfers' dependencies form a cycle")
+    return out
+
+
+def _runs(items, single):
+    """Split [(src, dst, operand)] (slots (buf, off)) into maximal runs contiguous in all three."""
+    runs = []
+    for it in items:
+        if runs and not single and len(runs[-1]) < MAX_CNT:
+            last = runs[-1][-1]
+            if all((a is None and b is None) or (a is not None and b is not None and a[0] == b[0]
+                                                  and b[1] == a[1] + 1) for a, b in zip(last, it)):
+                runs[-1].append(it)
+                continue
+        runs.append([it])
+    return runs
+
+
+def algorithm_ops(algo, coll, *, single: bool = False) -> list:
+    """The ChunkOps of an Algorithm (see the module docstring)."""
+    R = coll.num_ranks
+    loc = {}
+    for c, r in coll.precondition:
+        loc[(c, r)] = (Buf.INPUT, coll.input_index[(c, r)])
+    scratch_next = [0] * R
+    home = {}
+
+    def home_of(c, r):
+        h = home.get((c, r))
+        if h is None:
+            if (c, r) in coll.postcondition:
+                h = (Buf.OUTPUT, coll.output_index[(c, r)])
+            else:
+                h = (Buf.SCRATCH, scratch_next[r])
+                scratch_next[r] += 1
+            home[(c, r)] = h
+        return h
+
+    ops = []
+    order = transfer_order(algo.transfers)
+    for pos, t in enumerate(order):
+        where = f"transfer {t.id} ({t.src}->{t.dst})"
+        if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:
+            raise UserError(f"{where}: source and destination must be two different ranks of 0..{R - 1}")
+        if t.op not in (COPY, REDUCE):
+            raise UserError(f"{where}: unknown op {t.op!r}, expected copy or reduce")
+        if not t.chunks:
+            raise UserError(f"{where}: moves no chunk")
+        items = []
+        for c in t.chunks:
+            if not 0 <= c < coll.num_chunks:
+                raise UserError(f"{where}: chunk {c} is not a chunk of this collective (0..{coll.num_chunks - 1})")
+            src = loc.get((c, t.src))
+            if src is None:
+                raise UserError(f"{where}: rank {t.src} sends chunk {c}, which it never holds")
+            if t.op == REDUCE:
+                operand = loc.get((c, t.dst))
+                if operand is None:
+                    raise UserError(f"{where}: rank {t.dst} reduces chunk {c} but holds no contribution to it")
+            else:
+                operand = None
+            items.append([c, src, None, operand])
+        for it in items:  # allocate homes in the transfer's chunk order (consecutive scratch)
+            it[2] = home_of(it[0], t.dst)
+        items.sort(key=lambda it: (it[1][0].value, it[1][1]))
+        runs = _runs([(it[1], it[2], it[3]) for it in items], single)
+        for k, run in enumerate(runs):
+            (sb, so), (db, do), opnd = run[0]
+            ops.append(ChunkOp(t.op, t.src, sb, so, t.dst, db, do, cnt=len(run), operand=opnd,
+                               key=(pos, k), origin=where))
+        for it in items:
+            loc[(it[0], t.dst)] = it[2]
+    # final local copies to the postcondition slots
+    finals = []
+    for c, r in sorted(coll.postcondition, key=lambda cr: (cr[1], cr[0])):
+        cur = loc.get((c, r))
+        if cur is None:
+            raise UserError(f"chunk {c} never reaches rank {r}, which the {coll.name} postcondition requires")
+        want = home_of(c, r)
+        if cur != want:
+            finals.append((r, cur, want))
+    n = len(order)
+    by_rank = {}
+    for r, cur, want in finals:
+        by_rank.setdefault(r, []).append((cur, want, None))
+    k = 0
+    for r in sorted(by_rank):
+        items = sorted(by_rank[r], key=lambda it: (it[0][0].value, it[0][1]))
+        for run in _runs(items, single):
+            (sb, so), (db, do), _ = run[0]
+            ops.append(ChunkOp(COPY, r, sb, so, r, db, do, cnt=len(run), key=(n + k,), origin=f"local copy on rank {r}"))
+            k += 1
+    return ops

@@ -1,0 +1,331 @@
+"""Pass: channel and thread-block allocation (MSCCLang section 5.2; TACCL section 6.2).
+
+Constraints (msccl-xml.md 1.5 and "Rules a generator must respect"):
+
+- a thread block has at most one send peer and one receive peer, and one channel;
+- on a rank and channel, one thread block per send peer and one per receive peer (one tb per connection);
+- at most 32 sending and 32 receiving thread blocks per channel, at most ``max_channels`` channels;
+- at most ``step_cap`` steps per thread block (the runtime allows 64, nops included);
+- all thread blocks of a rank are co-resident, so at most ``max_tbs`` of them.
+
+A *flow* is a chain of transfers joined by fused instructions (an ``rcs`` receives on one connection and
+sends on another, so both must be on its channel); a plain transfer is a flow of one. Flows are placed in
+key order on the lowest channel where every instruction fits; a fused flow that fits nowhere is unfused
+(the receive and the send become separate instructions again) and its pieces placed one by one. Each
+connection gets its own thread block, except where a fused instruction forces a (receive peer, send peer)
+pair; when a rank then has more than ``max_tbs`` thread blocks, send-only and receive-only blocks of one
+channel are merged.
+
+Deadlock freedom: every thread block runs its instructions in key order, a matched send and receive share
+a key, a fused instruction's two keys have no other key between them, and every dependency has a smaller
+key than its dependent. Take the smallest key whose event has not completed: everything before it in any
+thread block has completed, so both of its ends are at the head of their blocks with their dependencies
+met, and it completes, even with unbuffered (rendezvous) sends. So any grouping of instructions into
+thread blocks that respects the constraints above is deadlock-free, merging included.
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+from ..program import StepType
+from .ops import Instr
+
+__all__ = ["TB", "allocate"]
+
+MAX_TBS_PER_CHANNEL = 32
+
+
+class TB:
+    __slots__ = ("rank", "ch", "send", "recv", "instrs", "nsteps", "index")
+
+    def __init__(self, rank, ch, send=-1, recv=-1):
+        self.rank, self.ch, self.send, self.recv = rank, ch, send, recv
+        self.instrs = []
+        self.nsteps = 0
+        self.index = -1
+
+    def __repr__(self):
+        return f"TB(r{self.rank}, ch{self.ch}, send={self.send}, recv={self.recv}, {self.nsteps} steps)"
+
+
+class _State:
+    def __init__(self, step_cap):
+        self.owner = {}  # (rank, ch, "S"|"R", peer) -> TB
+        self.nsend = {}  # (rank, ch) -> sending tbs
+        self.nrecv = {}
+        self.tbs = []
+        self.step_cap = step_cap
+        self.log = None
+        self.hints = {}  # (rank, "S", send peer) -> recv peer of a fused instruction, and vice versa
+
+    # --- tentative changes with an undo log
+    def _set_owner(self, k, tb):
+        self.log.append(("owner", k, self.owner.get(k)))
+        self.owner[k] = tb
+
+    def _inc(self, table, k):
+        self.log.append(("inc", table, k))
+        table[k] = table.get(k, 0) + 1
+
+    def _new_tb(self, rank, ch):
+        tb = TB(rank, ch)
+        self.tbs.append(tb)
+        self.log.append(("tb", tb))
+        return tb
+
+    def _set_peer(self, tb, attr, peer):
+        self.log.append(("peer", tb, attr, getattr(tb, attr)))
+        setattr(tb, attr, peer)
+
+    def _step(self, tb, ins):
+        self.log.append(("step", tb, ins))
+        tb.nsteps += 1
+        tb.instrs.append(ins)
+        ins.tb, ins.ch = tb, tb.ch
+
+    def undo(self):
+        for entry in reversed(self.log):
+            kind = entry[0]
+            if kind == "owner":
+                _, k, old = entry
+                if old is None:
+                    del self.owner[k]
+                else:
+                    self.owner[k] = old
+            elif kind == "inc":
+                entry[1][entry[2]] -= 1
+            elif kind == "tb":
+                self.tbs.pop()
+            elif kind == "peer":
+                setattr(entry[1], entry[2], entry[3])
+            elif kind == "step":
+                tb, ins = entry[1], entry[2]
+                tb.nsteps -= 1
+                tb.instrs.pop()
+                ins.tb = ins.ch = None
+        self.log = None
+
+    def _pair_hint(self, tb, r, ch, direction, peer):
+        """A new one-connection tb takes the partner connection that a fused instruction will need."""
+        other = self.hints.get((r, direction, peer))
+        if other is None:
+            return
+        if direction == "S":
+            if (r, ch, "R", other) in self.owner or self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
+                return
+            self._set_peer(tb, "recv", other)
+            self._set_owner((r, ch, "R", other), tb)
+            self._inc(self.nrecv, (r, ch))
+        else:
+            if (r, ch, "S", other) in self.owner or self.nsend.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
+                return
+            self._set_peer(tb, "send", other)
+            self._set_owner((r, ch, "S", other), tb)
+            self._inc(self.nsend, (r, ch))
+
+    def place(self, ins: Instr, ch: int) -> bool:
+        r, sp, rp = ins.rank, ins.send_peer, ins.recv_peer
+        so = self.owner.get((r, ch, "S", sp)) if sp >= 0 else None
+        ro = self.owner.get((r, ch, "R", rp)) if rp >= 0 else None
+        if sp >= 0 and rp >= 0:
+            if so is not None and ro is not None:
+                if so is not ro:
+                    return False
+                tb = so
+            elif so is not None:
+                if so.recv >= 0 or self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
+                    return False
+                tb = so
+                self._set_peer(tb, "recv", rp)
+                self._set_owner((r, ch, "R", rp), tb)
+                self._inc(self.nrecv, (r, ch))
+            elif ro is not None:
+                if ro.send >= 0 or self.nsend.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
+                    return False
+                tb = ro
+                self._set_peer(tb, "send", sp)
+                self._set_owner((r, ch, "S", sp), tb)
+                self._inc(self.nsend, (r, ch))
+            else:
+                if (self.nsend.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL
+                        or self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL):
+                    return False
+                tb = self._new_tb(r, ch)
+                self._set_peer(tb, "send", sp)
+                self._set_peer(tb, "recv", rp)
+                self._set_owner((r, ch, "S", sp), tb)
+                self._set_owner((r, ch, "R", rp), tb)
+                self._inc(self.nsend, (r, ch))
+                self._inc(self.nrecv, (r, ch))
+        elif sp >= 0:
+            tb = so
+            if tb is None:
+                if self.nsend.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
+                    return False
+                tb = self._new_tb(r, ch)
+                self._set_peer(tb, "send", sp)
+                self._set_owner((r, ch, "S", sp), tb)
+                self._inc(self.nsend, (r, ch))
+                self._pair_hint(tb, r, ch, "S", sp)
+        else:
+            tb = ro
+            if tb is None:
+                if self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
+                    return False
+                tb = self._new_tb(r, ch)
+                self._set_peer(tb, "recv", rp)
+                self._set_owner((r, ch, "R", rp), tb)
+                self._inc(self.nrecv, (r, ch))
+                self._pair_hint(tb, r, ch, "R", rp)
+        if tb.nsteps + 1 > self.step_cap:
+            return False
+        self._step(tb, ins)
+        return True
+
+
+def _flows(live):
+    parent = {}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for ins in live:
+        parent[ins.id] = ins.id
+    for ins in live:
+        if ins.to is not None:
+            a, b = find(ins.id), find(ins.to.id)
+            if a != b:
+                parent[a] = b
+    groups = {}
+    for ins in live:
+        if ins.send_peer >= 0 or ins.recv_peer >= 0:
+            groups.setdefault(find(ins.id), []).append(ins)
+    flows = [sorted(g, key=lambda i: i.key) for g in groups.values()]
+    flows.sort(key=lambda g: g[0].key)
+    return flows
+
+
+def _unfuse(x: Instr, instrs: list) -> tuple:
+    """Split a fused instruction back into its receive and a separate send; returns the two."""
+    z = x.to
+    base = {StepType.RECV_COPY_SEND: StepType.RECV, StepType.RECV_REDUCE_COPY_SEND: StepType.RECV_REDUCE_COPY,
+            StepType.RECV_REDUCE_SEND: StepType.RECV_REDUCE_COPY}[x.type]
+    y = Instr(len(instrs), x.rank, StepType.SEND, srcbuf=x.dstbuf, srcoff=x.dstoff, cnt=x.cnt,
+              send_peer=x.send_peer, key=z.key, origin=x.origin, want_ch=x.want_ch)
+    instrs.append(y)
+    x.type = base
+    x.send_peer = -1
+    x.to = None
+    y.to, z.frm = z, y
+    y.deps = {x}
+    x.dependents.append(y)
+    for d in list(x.dependents):
+        if d is not y and y.key < d.key:
+            d.deps.add(y)
+            y.dependents.append(d)
+    return x, y
+
+
+def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, max_tbs: int) -> list:
+    """Assign channels and thread blocks; returns the TBs (instructions in key order, ``index`` unset)."""
+    live = [i for i in instrs if not i.dead]
+    st = _State(step_cap)
+    for ins in sorted(live, key=lambda i: i.key):
+        if ins.send_peer >= 0 and ins.recv_peer >= 0:
+            st.hints.setdefault((ins.rank, "S", ins.send_peer), ins.recv_peer)
+            st.hints.setdefault((ins.rank, "R", ins.recv_peer), ins.send_peer)
+    pending = _flows(live)
+    pending.reverse()  # a stack: pop the smallest key first
+    while pending:
+        flow = pending.pop()
+        wanted = {i.want_ch for i in flow if i.want_ch is not None}
+        if len(wanted) > 1 or any(c >= max_channels for c in wanted):
+            if len(flow) > 2:
+                pending.extend(reversed(_split(flow, instrs)))
+                continue
+            raise UserError(f"{flow[0].origin or 'a transfer'}: channel {sorted(wanted)} requested, but channels "
+                            f"0..{max_channels - 1} are available")
+        chans = sorted(wanted) if wanted else range(max_channels)
+        placed = False
+        for ch in chans:
+            st.log = []
+            if all(st.place(ins, ch) for ins in flow):
+                st.log = None
+                placed = True
+                break
+            st.undo()
+        if placed:
+            continue
+        if len(flow) > 2:
+            pending.extend(reversed(_split(flow, instrs)))
+            continue
+        s = flow[0]
+        raise UserError(f"cannot place the transfer {s.rank}->{flow[-1].rank} ({s.origin}): every channel "
+                        f"0..{max_channels - 1} is full ({step_cap} steps per thread block, "
+                        f"{MAX_TBS_PER_CHANNEL} sending/receiving thread blocks per channel); use fewer chunks "
+                        f"or fewer instances")
+    # local instructions: the thread block of their rank with the fewest steps
+    by_rank = {}
+    for tb in st.tbs:
+        by_rank.setdefault(tb.rank, []).append(tb)
+    for ins in sorted((i for i in live if i.send_peer < 0 and i.recv_peer < 0), key=lambda i: i.key):
+        cands = [tb for tb in by_rank.get(ins.rank, []) if tb.nsteps < step_cap]
+        if cands:
+            tb = min(cands, key=lambda t: t.nsteps)
+        else:
+            tb = TB(ins.rank, 0)
+            st.tbs.append(tb)
+            by_rank.setdefault(ins.rank, []).append(tb)
+        tb.instrs.append(ins)
+        tb.nsteps += 1
+        ins.tb, ins.ch = tb, tb.ch
+    tbs = _merge(st.tbs, max_tbs, step_cap)
+    for tb in tbs:
+        tb.instrs.sort(key=lambda i: i.key)
+    return tbs
+
+
+def _split(flow, instrs):
+    """Unfuse every fused instruction of a flow; returns the resulting single-transfer flows."""
+    sends = []
+    for x in list(flow):
+        if x.send_peer >= 0 and x.recv_peer >= 0:
+            sends.append(_unfuse(x, instrs)[1])
+        elif x.send_peer >= 0:
+            sends.append(x)
+    out = [sorted([s, s.to], key=lambda i: i.key) for s in sends]
+    out.sort(key=lambda g: g[0].key)
+    return out
+
+
+def _merge(tbs, max_tbs, step_cap):
+    by_rank = {}
+    for tb in tbs:
+        by_rank.setdefault(tb.rank, []).append(tb)
+    out = []
+    for rank in sorted(by_rank):
+        group = by_rank[rank]
+        if len(group) > max_tbs:
+            sends = [t for t in group if t.send >= 0 and t.recv < 0]
+            recvs = [t for t in group if t.recv >= 0 and t.send < 0]
+            used = set()
+            excess = len(group) - max_tbs
+            for s in sends:
+                if excess <= 0:
+                    break
+                for r in recvs:
+                    if id(r) in used or r.ch != s.ch or s.nsteps + r.nsteps > step_cap:
+                        continue
+                    s.recv = r.recv
+                    s.instrs.extend(r.instrs)
+                    s.nsteps += r.nsteps
+                    for ins in r.instrs:
+                        ins.tb = s
+                    used.add(id(r))
+                    excess -= 1
+                    break
+            group = [t for t in group if id(t) not in used]
+        out.extend(group)
+    return out
