@@ -1,0 +1,191 @@
+"""Host backend through the Python binding: every shared and baseline program, every reduction, a spread of
+types and sizes (including chunks that are not a multiple of the tile), in-place and out-of-place, against
+a reference computed from the collective's definition. Plus the failure behaviour: refused files, the
+race and cycle analysis, the watchdog, selection from MSCCL_XML_FILES, and the `taccl run` command."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from taccl.errors import CheckFailed, UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "runtime" / "tests" / "data"
+SHARED_XML = ROOT.parent / "shared" / "data" / "msccl-xml"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def rt_mod():
+    from taccl import runtime
+    return runtime
+
+
+# (file, sizes in "elements of the larger buffer" multiples of the chunk unit)
+PROGRAMS = [
+    (SHARED_XML / "r48ll.xml", [64 * 1040 * 8]),                # allreduce, LL, window 266240..2078719 B
+    (SHARED_XML / "ar_ll128.xml", [40 * 2560 * 4]),             # allreduce, LL128
+    (SHARED_XML / "a2a2ll.xml", [16 * 8, 16 * 24]),             # alltoall
+    (SHARED_XML / "ag_hier_4_LL.xml", [16 * 4, 16 * 100]),      # allgather
+    (DATA / "ring_allgather_4.xml", [8 * 3, 8 * 101]),
+    (DATA / "ring_allgather_8.xml", [8 * 5]),
+    (DATA / "ring_allreduce_4.xml", [8 * 7, 8 * 333]),
+    (DATA / "ring_allreduce_8.xml", [32 * 9]),
+    (DATA / "ring_reducescatter_4.xml", [4 * 3, 4 * 250]),
+    (DATA / "direct_alltoall_4.xml", [4 * 4 * 5]),
+    (DATA / "direct_allreduce_4.xml", [4 * 11, 4 * 257]),
+    (DATA / "direct_allreduce_3.xml", [3 * 19]),
+    (DATA / "chain_broadcast_4.xml", [4 * 13]),
+    (DATA / "chain_reduce_4.xml", [2 * 77]),
+]
+TYPES = ["int8", "uint32", "int64", "float16", "bfloat16", "float32", "float64"]
+
+
+def _ids(p):
+    return p[0].name
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=[_ids(p) for p in PROGRAMS])
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max"])
+def test_program_matches_reference(prog, op):
+    runtime = rt_mod()
+    path, sizes = prog
+    if not path.exists():
+        pytest.skip(f"{path} missing")
+    with runtime.Runtime(timeout_ms=5000) as rt:
+        idx = rt.load(path)
+        info = rt.info(idx)
+        modes = [m for m, ok in ((False, info.outofplace), (True, info.inplace)) if ok]
+        for k, elems in enumerate(sizes):
+            for dt in TYPES[k % 2::2] if len(sizes) > 1 else TYPES:
+                mult = info.ngpus if info.coll in ("allgather", "reducescatter", "alltoall") else 1
+                count = elems // mult
+                for inplace in modes:
+                    inputs = runtime.make_inputs(info.coll, dt, op, info.ngpus, count, seed=k + 17 * len(dt))
+                    out = rt.run_raw(info.coll, dt, op, inputs, inplace=inplace, program=idx)
+                    assert out.status == "done", out.message
+                    ref = runtime.reference(info.coll, dt, op, inputs)
+                    for r in range(info.ngpus):
+                        if ref[r] is not None:
+                            assert np.array_equal(out.outputs[r], ref[r]), \
+                                f"{path.name} {dt} {op} inplace={inplace} rank {r}"
+
+
+@pytest.mark.parametrize("tile", [24, 40, 96, 1000])
+def test_ragged_tiles(tile):
+    """Chunks that are not a multiple of the tile: several tiles per chunk and a short last one."""
+    runtime = rt_mod()
+    for path, elems in [(DATA / "ring_allreduce_4.xml", 8 * 101), (DATA / "direct_allreduce_4.xml", 4 * 77),
+                        (DATA / "ring_allgather_4.xml", 8 * 45), (DATA / "ring_reducescatter_4.xml", 4 * 63),
+                        (SHARED_XML / "ag_hier_4_LL.xml", 16 * 33), (DATA / "chain_broadcast_4.xml", 4 * 55)]:
+        if not path.exists():
+            continue
+        with runtime.Runtime(timeout_ms=5000, tile_bytes=tile) as rt:
+            idx = rt.load(path)
+            info = rt.info(idx)
+            mult = info.ngpus if info.coll in ("allgather", "reducescatter", "alltoall") else 1
+            for dt in ("float32", "int8", "float64"):
+                inputs = runtime.make_inputs(info.coll, dt, "sum", info.ngpus, elems // mult, seed=tile)
+                for inplace in [m for m, ok in ((False, info.outofplace), (True, info.inplace)) if ok]:
+                    out = rt.run_raw(info.coll, dt, "sum", inputs, inplace=inplace, program=idx)
+                    assert out.status == "done", out.message
+                    ts = np.dtype(inputs[0].dtype).itemsize
+                    assert out.tiles == -(-(elems // info.nchunksperloop) // max(1, tile // ts))
+                    ref = runtime.reference(info.coll, dt, "sum", inputs)
+                    for r in range(info.ngpus):
+                        assert np.array_equal(out.outputs[r], ref[r]), f"{path.name} tile={tile} {dt} rank {r}"
+
+
+def test_watchdog_stops_fifo_deadlock_and_names_blocks():
+    runtime = rt_mod()
+    with pytest.raises(CheckFailed) as e:
+        runtime.run_program(DATA / "bad_fifo_deadlock.xml", size=3 * 4 * 8, dtype="int32", timeout_ms=300)
+    msg = str(e.value)
+    assert "deadlock" in msg and "rank 0 tb 0 step 2" in msg and "rank 1 tb 0 step 2" in msg
+
+
+def test_cycle_refused_at_load_and_stopped_by_watchdog_without_analysis():
+    runtime = rt_mod()
+    with pytest.raises(UserError, match="dependency cycle"):
+        runtime.run_program(DATA / "bad_cycle_deadlock.xml", size=64, dtype="int32")
+    with pytest.raises(CheckFailed, match=r"rank 0 tb 0 step 0 \(tile 0\): waits for data from rank 1"):
+        runtime.run_program(DATA / "bad_cycle_deadlock.xml", size=64, dtype="int32", timeout_ms=300, analysis=False)
+
+
+def test_race_refused():
+    runtime = rt_mod()
+    with pytest.raises(UserError, match=r"data race on chunk o\[0\].*tb 0 step 1.*tb 1 step 0"):
+        runtime.run_program(DATA / "bad_race.xml", size=64, dtype="int32")
+
+
+def test_malformed_file_refused_with_location(tmp_path):
+    runtime = rt_mod()
+    text = (DATA / "ring_allreduce_4.xml").read_text().splitlines()
+    text[5] = text[5].replace('cnt="1"', 'cnt="1" ').replace("depid", " depid")
+    bad = tmp_path / "bad.xml"
+    bad.write_text("\n".join(text) + "\n")
+    with pytest.raises(UserError) as e:
+        runtime.run_program(bad, size=8 * 4 * 4)
+    assert f"{bad}:6:" in str(e.value) and "two spaces" in str(e.value)
+
+
+def test_env_selection_by_size_window_and_inplace(tmp_path, monkeypatch):
+    runtime = rt_mod()
+    small = tmp_path / "small.xml"
+    small.write_text((DATA / "ring_allreduce_4.xml").read_text().replace('maxBytes="0"', 'maxBytes="4096"'))
+    monkeypatch.setenv("MSCCL_XML_FILES", f"{small}:{DATA / 'direct_allreduce_4.xml'}:{DATA / 'ring_allgather_4.xml'}")
+    with runtime.Runtime() as rt:
+        assert rt.load_from_env() == 3
+        assert rt.select("allreduce", 4, 1024, "float32", False) == 0  # 4096 B: inside the window
+        assert rt.select("allreduce", 4, 1032, "float32", False) == 1  # too big for the first: next match
+        assert rt.select("allreduce", 4, 1026, "float32", False) == -1  # not divisible by 8 nor 4 -> 1026 % 4 != 0
+        assert rt.select("allgather", 4, 2, "float32", True) == 2
+        assert rt.select("allgather", 8, 2, "float32", True) == -1
+        inputs = runtime.make_inputs("allreduce", "float32", "sum", 4, 1032)
+        out = rt.run_raw("allreduce", "float32", "sum", inputs)
+        assert out.status == "done" and out.program == 1
+        out = rt.run_raw("allreduce", "float32", "sum", runtime.make_inputs("allreduce", "float32", "sum", 4, 1034))
+        assert out.status == "no_match"
+    monkeypatch.delenv("MSCCL_XML_FILES")
+    monkeypatch.setenv("TACCL_XML_FILES", str(DATA / "bad_race.xml"))
+    with runtime.Runtime() as rt, pytest.raises(UserError, match="data race"):
+        rt.load_from_env()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "taccl.cli", "run", *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+def test_cli_run_check_and_json():
+    r = _cli(DATA / "ring_allreduce_4.xml", "--ranks", "4", "--size", "64K", "--check", "--dtype", "bfloat16",
+             "--op", "max")
+    assert r.returncode == 0, r.stderr
+    assert "check OK" in r.stdout
+    r = _cli(DATA / "ring_allgather_4.xml", "--size", "4096", "--inplace", "--check", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    rep = json.loads(r.stdout)
+    assert rep["inplace"] and rep["checked"] and rep["wrong"] == 0
+
+
+def test_cli_errors_have_exit_codes():
+    r = _cli(DATA / "ring_allreduce_4.xml", "--ranks", "8", "--size", "64K")
+    assert r.returncode == 2 and "written for 4 ranks" in r.stderr and "Traceback" not in r.stderr
+    r = _cli(DATA / "ring_allreduce_4.xml", "--size", "100")
+    assert r.returncode == 2 and "nearest sizes" in r.stderr
+    r = _cli(DATA / "bad_fifo_deadlock.xml", "--size", "96", "--dtype", "int32", "--timeout-ms", "200")
+    assert r.returncode == 1 and "deadlock" in r.stderr
+    r = _cli(DATA / "nonexistent.xml")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = _cli(DATA / "direct_alltoall_4.xml", "--inplace", "--size", "1K")
+    assert r.returncode == 2 and "not for in-place" in r.stderr
