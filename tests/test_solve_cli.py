@@ -1,0 +1,125 @@
+"""`taccl solve` end to end, every shipped sketch and topology, and every bad input's message."""
+import json
+from pathlib import Path
+
+import pytest
+
+from taccl.cli import main
+from taccl.problem import build_problem
+from taccl.sketch import load_sketch
+from taccl.synthesize import resolve
+from taccl.topology import builtin_names, load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data" / "taccl-examples"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "sketches").glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_sketch_builds_its_problem(path):
+    sk = load_sketch(path)
+    topo, coll, size = resolve(sk)
+    prob = build_problem(topo, coll.dual() if coll.combining else coll, sk, size)
+    assert prob.links and len(prob.group) >= 1
+
+
+@pytest.mark.parametrize("name", [n for n in builtin_names() if n != "torus-RxC"] + ["torus-6x8", "torus-2x2"])
+def test_every_topology_loads(name):
+    topo = load_topology(name)
+    assert topo.num_ranks >= 2
+    assert all(l.cost_us(1e6) > 0 for l in topo.intra_node_links())
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared data not present")
+@pytest.mark.parametrize("name", ["sk1-dgx2-n2", "sk1-ndv2-n2", "sk2-ndv2-n2"])
+def test_reference_sketches_load_unchanged(name, tmp_path):
+    topo = "dgx2" if "dgx2" in name else "ndv2"
+    rc = main(["solve", str(SHARED / f"{name}.json"), "--topology", topo, "--no-xml", "-q", "-o", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / f"{name}.algo.json").read_text())
+    assert doc["transfers"] and doc["time_us"] >= doc["lower_bound_us"] > 0
+
+
+def test_solve_writes_algorithm_with_stage_statistics(tmp_path, capsys):
+    rc = main(["solve", str(ROOT / "sketches" / "ndv2-sk-1.json"), "--no-xml", "--json", "-o", str(tmp_path)])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    doc = json.loads((tmp_path / "ndv2-sk-1.algo.json").read_text())
+    assert summary["time_us"] == pytest.approx(doc["time_us"])
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert set(stages) == {"routing", "ordering", "contiguity"}
+    for key in ("variables", "constraints", "binaries", "time_s", "status", "gap"):
+        assert key in stages["routing"]
+    t = doc["transfers"][0]
+    assert {"chunks", "src", "dst", "send_us", "arrive_us", "op", "deps"} <= set(t)
+
+
+def write(tmp_path, doc, name="bad.json"):
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(p)
+
+
+GOOD = {"topology": "ndv2", "nodes": 2, "collective": "allgather", "input_size": "1M",
+        "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [1]}}}
+
+
+def variant(**changes):
+    doc = json.loads(json.dumps(GOOD))
+    for k, v in changes.items():
+        doc[k] = v
+    return doc
+
+
+BAD = [
+    ("malformed", '{"topology": "ndv2",\n "nodes": }', ["bad.json", "line 2"]),
+    ("schema", variant(nodes="two"), ["$.nodes", "is not of type"]),
+    ("unknown-key", variant(colective="allgather"), ["Additional properties"]),
+    ("rank-outside", variant(internode_sketch={"strategy": "relay", "internode_conn": {"9": [1]}}),
+     ["internode_conn", "GPU 9", "8-GPU node"]),
+    ("switch-without-links", variant(intranode_sketch={"strategy": "switch", "switches": [[0, 5, 6]]}),
+     ["switches[0]", "no physical path"]),
+    ("relay-disconnects", variant(internode_sketch={"strategy": "relay", "internode_conn": {"0": [1]},
+                                                    "gpus_to_sender_rev_map": {"0": [0]}}),
+     ["chunk 1 (from rank 1) cannot reach rank 8"]),
+    ("unknown-collective", variant(collective="allsome"), ["unknown collective 'allsome'"]),
+    ("unknown-topology", variant(topology="dgx-9000"), ["unknown topology 'dgx-9000'", "$.topology"]),
+    ("bad-symmetry", variant(symmetry_offsets=[[1, 8]]), ["$.symmetry_offsets[0]", "not a symmetry", "rotation maps link 0->1"]),
+    ("symmetry-size", variant(symmetry_offsets=[[1, 7]]), ["does not divide"]),
+    ("bad-size", variant(input_size="lots"), ["$.input_size", "expected a size"]),
+    ("no-nics", variant(topology="torus-2x2"), ["has no NICs", "cannot span 2 nodes"]),
+]
+
+
+@pytest.mark.parametrize("case,doc,needles", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_one_clear_message(tmp_path, capsys, case, doc, needles):
+    sketch = write(tmp_path, doc)
+    out = tmp_path / "out"
+    rc = main(["solve", sketch, "-o", str(out), "--no-xml", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err
+    assert not out.exists() or not any(out.iterdir())  # no partial output
+
+
+def test_missing_file_and_bad_option(tmp_path, capsys):
+    assert main(["solve", str(tmp_path / "nope.json")]) == 2
+    assert "file not found" in capsys.readouterr().err
+    assert main(["solve", write(tmp_path, GOOD), "--time-limit", "-1"]) == 2
+    assert "--time-limit" in capsys.readouterr().err
+
+
+def test_solver_without_solution_falls_back_to_heuristic(monkeypatch, tmp_path):
+    from taccl import routing, solver
+
+    def nothing(model, name="highs", options=None):
+        return solver.Result(status="no_solution", values=None, objective=None, bound=None, gap=None, time_s=0.0, solver=name)
+
+    monkeypatch.setattr(routing.milp, "solve", nothing)
+    from taccl.synthesize import synthesize
+
+    algo = synthesize(load_sketch(write(tmp_path, GOOD, "ok.json")))
+    assert algo.stages[0]["status"] == "no_solution"
+    assert any("heuristic" in n for n in algo.notes)
