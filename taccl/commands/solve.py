@@ -15,7 +15,7 @@ from ..solver import SOLVERS
 def register(sub):
     p = sub.add_parser("solve", help="synthesize an algorithm from a communication sketch",
                        description="Synthesize a collective algorithm (routing MILP, ordering heuristic, contiguity MILP), "
-                                   "verify it and write <name>.algo.json and, where the lowering is available, <name>.xml.")
+                                   "verify it, lower it to an MSCCL XML program proven by the checker, and write <name>.algo.json and <name>.xml.")
     p.add_argument("sketch", help="communication sketch (JSON)")
     p.add_argument("--topology", help="built-in topology name or topology file (overrides the sketch)")
     p.add_argument("--nodes", type=int, help="number of nodes (overrides the sketch)")
@@ -80,10 +80,7 @@ def run(args) -> int:
 
 
 def _lower(algo, args, report):
-    try:
-        from ..lowering import lower
-    except ImportError:
-        report("lowering is not available in this build; writing the algorithm JSON only")
-        return None
+    from ..lowering import lower
+
     report(f"lowering to MSCCL XML (proto {args.proto}, {args.instances} instance(s))")
     return lower(algo, instances=args.instances, proto=args.proto)
