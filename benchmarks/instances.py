@@ -1,0 +1,33 @@
+"""The synthesis benchmark's instances (shared by benchmarks/synthesis.py and benchmarks/quality.py).
+
+Each entry: (label, sketch file, collective override or None, size override or None, group).
+Groups: "core" (2-node and single-node), "scale" (64 and 128 GPUs), "stretch" (1024 GPUs).
+Reference model sizes (routing MILP variables / constraints / binaries) are the ones measured for the
+reference TACCL implementation, from ../shared/data/taccl-examples/SOURCES.md.
+"""
+from pathlib import Path
+
+SKETCHES = Path(__file__).resolve().parent.parent / "sketches"
+
+INSTANCES = [
+    ("2x DGX-2 AllGather sk-1 1MB", "dgx2-sk-1.json", None, None, "core"),
+    ("2x DGX-2 AllGather sk-2 1KB", "dgx2-sk-2.json", None, None, "core"),
+    ("2x NDv2 AllGather sk-1", "ndv2-sk-1.json", None, None, "core"),
+    ("2x NDv2 AllGather sk-2", "ndv2-sk-2.json", None, None, "core"),
+    ("2x NDv2 AllToAll sk-1", "ndv2-alltoall-sk-1.json", None, None, "core"),
+    ("4x NDv2 AllGather", "ndv2-n4.json", None, None, "core"),
+    ("2x DGX-2 AllToAll", "dgx2-alltoall.json", None, None, "core"),
+    ("2x NDv2 AllReduce", "ndv2-sk-1.json", "allreduce", None, "core"),
+    ("2x DGX-2 AllReduce", "dgx2-sk-1.json", "allreduce", None, "core"),
+    ("1x NDv2 AllGather", "ndv2-single.json", None, None, "core"),
+    ("1x NDv2 AllToAll", "ndv2-single.json", "alltoall", None, "core"),
+    ("8x NDv2 AllGather (64 GPUs)", "ndv2-n8.json", None, None, "scale"),
+    ("16x DGX A100 AllGather (128 GPUs)", "dgx-a100-n16.json", None, None, "scale"),
+    ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch"),
+]
+
+REFERENCE_ROUTING_SIZE = {
+    "2x DGX-2 AllGather sk-1 1MB": (133_377, 258_689, 65_792),
+    "2x NDv2 AllToAll sk-1": (135_169, 219_213, 65_536),
+    "2x DGX-2 AllToAll": (2_130_177, 4_923_537, 1_048_832),
+}

@@ -1,0 +1,61 @@
+"""Synthesis benchmark: model size and time per stage, predicted time, lower bound, ratio.
+
+    python benchmarks/synthesis.py [--groups core,scale] [--time-limit S] [--stretch]
+
+Runs HiGHS with one thread (the CI machine has 2 cores). Prints one table.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from instances import INSTANCES, REFERENCE_ROUTING_SIZE, SKETCHES  # noqa: E402
+
+from taccl.sketch import load_sketch  # noqa: E402
+from taccl.synthesize import SynthesisOptions, synthesize  # noqa: E402
+
+
+def fmt_size(stage):
+    if not stage or not stage.get("variables"):
+        return "-"
+    return f"{stage['variables']}/{stage['constraints']}/{stage['binaries']}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", default="core,scale", help="instance groups to run (core, scale, stretch)")
+    ap.add_argument("--stretch", action="store_true", help="also run the 1024-GPU instance")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="per MILP stage, seconds")
+    args = ap.parse_args(argv)
+    groups = set(args.groups.split(",")) | ({"stretch"} if args.stretch else set())
+    header = ("instance", "routing v/c/b", "reference v/c/b", "contig v/c/b", "route s", "order s", "contig s",
+              "total s", "time us", "bound us", "ratio")
+    rows = []
+    for label, sketch, coll, size, group in INSTANCES:
+        if group not in groups:
+            continue
+        t0 = time.monotonic()
+        algo = synthesize(load_sketch(SKETCHES / sketch), collective=coll, input_size=size,
+                          options=SynthesisOptions(time_limit_s=args.time_limit, threads=1))
+        total = time.monotonic() - t0
+        st = {s["stage"]: s for s in algo.stages}
+        ref = REFERENCE_ROUTING_SIZE.get(label)
+        rows.append((label, fmt_size(st["routing"]), "/".join(map(str, ref)) if ref else "-", fmt_size(st["contiguity"]),
+                     f"{st['routing']['time_s']:.2f}", f"{st['ordering']['time_s']:.2f}", f"{st['contiguity']['time_s']:.2f}",
+                     f"{total:.1f}", f"{algo.time_us:.2f}", f"{algo.lower_bound_us:.2f}",
+                     f"{algo.time_us / algo.lower_bound_us:.2f}" if algo.lower_bound_us else "-"))
+        print(f"  done: {label} in {total:.1f} s", file=sys.stderr, flush=True)
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
