@@ -615,6 +615,9 @@ class _Index:
                     self.recv_seq[sid] = len(self.conn_recvs[c])
                     self.conn_recvs[c].append(sid)
         self.nconn = len(self.conn_sender)
+        self.conn_key = [None] * self.nconn
+        for key, c in self.conn_of.items():
+            self.conn_key[c] = key
 
     def _conn(self, key) -> int:
         c = self.conn_of.get(key)
@@ -773,14 +776,17 @@ def _describe_wait(ix: _Index, reason, depth=None) -> str:
     if kind == "dep":
         st = ix.steps[sid]
         return f"waits for tb {st.depid} step {st.deps} (dependency)"
-    (a, b, chan) = next(k for k, v in ix.conn_of.items() if v == x)
+    (a, b, chan) = ix.conn_key[x]
     if kind == "recv":
         return f"waits for data from rank {a} on channel {chan} ({ix.tb_name(ix.conn_sender[x])})"
     fifo = f" ({depth} calls in flight, FIFO full)" if depth else ""
     return f"waits to send to rank {b} on channel {chan}{fifo} ({ix.tb_name(ix.conn_receiver[x])} must receive)"
 
 
-def _report_deadlock(ctx: _Ctx, ix: _Index, blocked: dict, rule: str, severity: str, what: str, depth=None):
+def _report_deadlock(ctx: _Ctx, ix: _Index, blocked: dict, rule: str, severity: str, what: str, depth=None,
+                     max_cycles: int = 20):
+    """One finding per wait-for cycle (at most `max_cycles`; the rest are counted), plus one for the
+    thread blocks that wait on a cycle without being part of one."""
     nxt = {G: _waits_on(ix, r) for G, r in blocked.items()}
     seen_cycles = set()
     color: dict[int, int] = {}
@@ -798,7 +804,13 @@ def _report_deadlock(ctx: _Ctx, ix: _Index, blocked: dict, rule: str, severity: 
             if key not in seen_cycles:
                 seen_cycles.add(key)
                 cycles.append(cyc)
+    in_cycle = set()
     for cyc in cycles:
+        in_cycle.update(cyc)
+    if len(cycles) > max_cycles:
+        ctx.add(severity, rule, f"{what}: {len(cycles)} distinct wait-for cycles; the first {max_cycles} follow",
+                **ix.where(blocked[cycles[0][0]][2]))
+    for cyc in cycles[:max_cycles]:
         parts = []
         for G in cyc:
             reason = blocked[G]
@@ -807,7 +819,7 @@ def _report_deadlock(ctx: _Ctx, ix: _Index, blocked: dict, rule: str, severity: 
         first = blocked[cyc[0]][2]
         ctx.add(severity, rule, f"{what}: cycle of {len(cyc)} waiting thread block(s): " + "; ".join(parts),
                 **ix.where(first))
-    rest = [G for G in blocked if not any(G in c for c in cycles)]
+    rest = [G for G in blocked if G not in in_cycle]
     if rest and severity == ERROR:
         G = rest[0]
         ctx.add(severity, rule, f"{len(blocked)} thread block(s) never finish; e.g. {ix.name(blocked[G][2])} "
@@ -1034,44 +1046,54 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
     for c in range(ix.nconn):
         for s, r in zip(ix.conn_sends[c], ix.conn_recvs[c]):
             match_send[r] = s
-    last_write: dict[tuple, int] = {}
-    readers: dict[tuple, list[int]] = defaultdict(list)
-    races = 0
+    last_write = {r: {b: [-1] * len(arr) for b, arr in bufs.items()} for r, bufs in phys.items()}
+    readers = {r: {b: {} for b in bufs} for r, bufs in phys.items()}
     step_G = ix.step_G
+    decided: set[int] = set()  # earlier steps already compared with the current step
 
-    def race(x, y, kind, slot):
-        nonlocal races
+    def race(x, y, kind, rank, pb, idx):
+        if x in decided:
+            return
+        decided.add(x)
         verdict = hb.ordered(x, y)
         if verdict:
             return
-        races += 1
-        r, pb, idx = slot
         if verdict is None:
             ctx.add(WARNING, "race.unknown", f"{mode}: could not decide (search budget) whether {ix.name(x)} happens "
                                              f"before {ix.name(y)}; both touch {pb}[{idx}] ({kind})", **ix.where(y))
             return
-        ctx.add(ERROR, "race", f"{mode}: {kind} race on {pb}[{idx}] (physical slot) of rank {r}: {ix.name(x)} and "
+        ctx.add(ERROR, "race", f"{mode}: {kind} race on {pb}[{idx}] (physical slot) of rank {rank}: {ix.name(x)} and "
                                f"{ix.name(y)} run in different thread blocks with no happens-before path; "
                                f"add a dependency", **ix.where(y))
 
-    def access_read(sid, slot):
-        w = last_write.get(slot)
-        if w is not None and w != sid and step_G[w] != step_G[sid]:
-            race(w, sid, "read-after-write", slot)
-        readers[slot].append(sid)
-
-    def access_write(sid, slot):
+    def access_read(sid, rank, pb, off, cnt):
+        lw = last_write[rank][pb]
+        rd = readers[rank][pb]
         G = step_G[sid]
-        w = last_write.get(slot)
-        if w is not None and w != sid and step_G[w] != G:
-            race(w, sid, "write-after-write", slot)
-        rl = readers.get(slot)
-        if rl:
-            for rd in rl:
-                if rd != sid and step_G[rd] != G:
-                    race(rd, sid, "write-after-read", slot)
-            del readers[slot]
-        last_write[slot] = sid
+        for idx in range(off, off + cnt):
+            w = lw[idx]
+            if w >= 0 and w != sid and step_G[w] != G:
+                race(w, sid, "read-after-write", rank, pb, idx)
+            lst = rd.get(idx)
+            if lst is None:
+                rd[idx] = [sid]
+            elif lst[-1] != sid:
+                lst.append(sid)
+
+    def access_write(sid, rank, pb, off, cnt):
+        lw = last_write[rank][pb]
+        rd = readers[rank][pb]
+        G = step_G[sid]
+        for idx in range(off, off + cnt):
+            w = lw[idx]
+            if w >= 0 and w != sid and step_G[w] != G:
+                race(w, sid, "write-after-write", rank, pb, idx)
+            lst = rd.pop(idx, None)
+            if lst:
+                for x in lst:
+                    if x != sid and step_G[x] != G:
+                        race(x, sid, "write-after-read", rank, pb, idx)
+            lw[idx] = sid
 
     def add(a, b):
         return GARBAGE if a == GARBAGE or b == GARBAGE else a + b
@@ -1081,6 +1103,7 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
         t = st.type
         if t is StepType.NOP:
             continue
+        decided.clear()
         g, tb = ix.tbs[step_G[sid]]
         rank = g.id
         bufs = phys[rank]
@@ -1092,8 +1115,7 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
             off += st.srcoff
             arr = bufs[pb]
             src = arr[off:off + cnt]
-            for k in range(cnt):
-                access_read(sid, (rank, pb, off + k))
+            access_read(sid, rank, pb, off, cnt)
         if t.uses_dst:
             dpb, doff = al[str(st.dstbuf)]
             doff += st.dstoff
@@ -1106,16 +1128,13 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
             out = src
         elif t is StepType.REDUCE:
             cur = bufs[dpb][doff:doff + cnt]
-            for k in range(cnt):
-                access_read(sid, (rank, dpb, doff + k))
+            access_read(sid, rank, dpb, doff, cnt)
             out = [add(a, b) for a, b in zip(cur, src)]
         else:  # rrs, rrc, rrcs
             out = [add(a, b) for a, b in zip(incoming, src)]
         if t.uses_dst:
-            arr = bufs[dpb]
-            for k in range(cnt):
-                access_write(sid, (rank, dpb, doff + k))
-                arr[doff + k] = out[k]
+            access_write(sid, rank, dpb, doff, cnt)
+            bufs[dpb][doff:doff + cnt] = out
         if t in _SEND_T:
             pushed[sid] = out
     if not check_post:
@@ -1222,7 +1241,8 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
         rblocked = _rendezvous(ix)
         if rblocked:
             _report_deadlock(ctx, ix, rblocked, "deadlock-rendezvous", WARNING,
-                             "would deadlock with rendezvous (unbuffered) sends; it relies on FIFO buffering")
+                             "would deadlock with rendezvous (unbuffered) sends; it relies on FIFO buffering",
+                             max_cycles=1)
     hb = _HappensBefore(ix, order)
     check_post = coll in POSTCONDITION_COLLECTIVES
     if not check_post:
