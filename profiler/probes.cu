@@ -592,7 +592,8 @@ int main(int argc, char** argv) {
   g_out.peer_json = pa + "]";
   g_out.write(g_out_path);  // something on disk from the start
 
-  if (n > 0) {
+  bool need_gpu = has_group(o, "p2p") || has_group(o, "host") || has_group(o, "nic") || has_group(o, "net");
+  if (n > 0 && need_gpu) {
     arm("allocate buffers", std::max(g_timeout_s, 60.0));
     bool ok = setup_gpus(n, o);
     disarm();

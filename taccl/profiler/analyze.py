@@ -135,11 +135,17 @@ def _column(times, k):
     return vals
 
 
+def _best(values) -> float:
+    """The fastest repetition: interference only ever slows a copy down, so the minimum is the robust choice."""
+    v = [x for x in values if x is not None and math.isfinite(x) and x > 0]
+    return min(v) if v else float("nan")
+
+
 def _slowdowns(m, alone_fits):
     """Per transfer of a concurrent record: alone time / concurrent time (1 = no loss, 0.5 = halved)."""
     out = []
     for k, fit in enumerate(alone_fits):
-        t = robust_ratio(_column(m.get("times_us", []), k))
+        t = _best(_column(m.get("times_us", []), k))
         ta = _alone_time(fit, float(m.get("bytes", 0)))
         out.append(ta / t if t > 0 and math.isfinite(ta) else float("nan"))
     return out
@@ -283,7 +289,7 @@ def _pcie_groups(an: Analysis, meas) -> None:
     n = an.n_gpus
     if n == 0:
         return
-    share, seen = [], set()
+    pair_kept = {}
     for m in meas:
         if m["probe"] == "p2p_concurrent" and S.ok(m):
             fits = {(s, d): f for (e, s, d), f in an.pair_fits.items() if e == m.get("engine", "ce")}
@@ -302,10 +308,12 @@ def _pcie_groups(an: Analysis, meas) -> None:
         if not all(math.isfinite(v) for v in r):
             continue
         kept = float(np.mean(r))
-        seen.add(tuple(sorted(gpus)))
+        key = tuple(sorted(gpus))
         an.pcie_evidence.append({"gpus": gpus, "direction": d, "kept": round(kept, 3)})
-        if kept < SHARED_RATIO:
-            share.append(tuple(gpus))
+        # A pair shares a switch only if it loses bandwidth in every direction measured.
+        pair_kept[key] = max(pair_kept.get(key, 0.0), kept)
+    seen = set(pair_kept)
+    share = [k for k, v in pair_kept.items() if v < SHARED_RATIO]
     if n == 1:
         an.pcie_groups = [[0]]
         return
@@ -357,7 +365,7 @@ def _nics(an: Analysis, doc, meas) -> None:
         for m in meas:
             if m["probe"] == "host_nic_busy" and m.get("nic") == name and S.ok(m):
                 g = m["gpu"]
-                t = robust_ratio(_column(m.get("times_us", []), 0))
+                t = _best(_column(m.get("times_us", []), 0))
                 ta = _alone_time(an.host_fits.get((m.get("direction", "d2h"), g)), float(m.get("bytes", 0)))
                 if t > 0 and math.isfinite(ta):
                     kept[g] = ta / t
