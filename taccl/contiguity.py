@@ -104,13 +104,21 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
     return Contiguity(ordered, max((g.finish_us for g in ordered), default=0.0))
 
 
+MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building; keep the greedy times
+
+
 def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT) -> Contiguity:
     cands = merge_candidates(tasks, sched, adjacent)
     base = exact_times(tasks, sched, set())
+    skip = None
     if not cands:
+        skip = "skipped (no merge candidates)"
+    elif len(tasks) > MAX_MILP_TASKS:
+        skip = f"skipped ({len(tasks)} transfers > {MAX_MILP_TASKS}; greedy times kept, no merges)"
+    if skip:
         base.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
-                      "status": "skipped (no merge candidates)", "gap": 0.0, "objective": base.makespan_us}
-        report(f"contiguity: no merge candidates; schedule {base.makespan_us:.2f} us")
+                      "status": skip, "gap": 0.0, "objective": base.makespan_us}
+        report(f"contiguity: {skip}; schedule {base.makespan_us:.2f} us")
         return base
     ub = base.makespan_us
     model = milp.Model("contiguity")
