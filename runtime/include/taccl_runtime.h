@@ -123,6 +123,10 @@ tacclStatus tacclRunHostBuffers(tacclRuntime* h, int program, int coll, int dtyp
 /* 1 if the library was built with the CUDA backend and a GPU is usable, else 0. */
 int tacclCudaAvailable(void);
 
+/* Reference for benchmarks: average microseconds of one cudaMemcpy of `bytes` from GPU 0 to GPU 1 (or within
+ * GPU 0 when only one is visible), over `iters` copies after one warm-up. TACCL_ERROR without the CUDA backend. */
+tacclStatus tacclCudaMemcpyUs(int64_t bytes, int iters, double* us);
+
 /* One-shot: parse and validate one file (with the race/deadlock analysis). Writes the message (truncated to
  * errlen, always NUL-terminated when errlen > 0) on error; err may be NULL. */
 tacclStatus tacclCheckFile(const char* path, char* err, size_t errlen);

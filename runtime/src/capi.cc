@@ -164,6 +164,15 @@ int tacclCudaAvailable(void) {
   }
 }
 
+tacclStatus tacclCudaMemcpyUs(int64_t bytes, int iters, double* us) {
+  if (!us || bytes <= 0 || iters <= 0) return TACCL_ERROR;
+  try {
+    return taccl::cudaMemcpyUs(bytes, iters, us) ? TACCL_OK : TACCL_ERROR;
+  } catch (...) {
+    return TACCL_ERROR;
+  }
+}
+
 tacclStatus tacclCheckFile(const char* path, char* err, size_t errlen) {
   std::string msg;
   try {

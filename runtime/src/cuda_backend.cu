@@ -191,6 +191,40 @@ bool cudaAvailable() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+bool cudaMemcpyUs(int64_t bytes, int iters, double* us) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) return false;
+  const int dst = n > 1 ? 1 : 0;
+  try {
+    DeviceAllocs al;
+    void* a = al.alloc(0, (size_t)bytes);
+    void* b = al.alloc(dst, (size_t)bytes);
+    if (dst != 0) {
+      ck(cudaSetDevice(0), "cudaSetDevice");
+      cudaError_t e = cudaDeviceEnablePeerAccess(dst, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+      else ck(e, "cudaDeviceEnablePeerAccess");
+    }
+    ck(cudaSetDevice(0), "cudaSetDevice");
+    cudaEvent_t e0, e1;
+    ck(cudaEventCreate(&e0), "cudaEventCreate");
+    ck(cudaEventCreate(&e1), "cudaEventCreate");
+    ck(cudaMemcpy(b, a, (size_t)bytes, cudaMemcpyDefault), "cudaMemcpy");
+    ck(cudaEventRecord(e0), "cudaEventRecord");
+    for (int i = 0; i < iters; ++i) ck(cudaMemcpyAsync(b, a, (size_t)bytes, cudaMemcpyDefault), "cudaMemcpyAsync");
+    ck(cudaEventRecord(e1), "cudaEventRecord");
+    ck(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    *us = ms * 1000.0 / iters;
+    return true;
+  } catch (const CudaFailure&) {
+    return false;
+  }
+}
+
 RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers, const RunOptions& opt) {
   RunReport rep;
   try {

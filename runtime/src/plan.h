@@ -60,6 +60,8 @@ RunReport runHost(const Plan& plan, const std::vector<char*>& bufs, const RunOpt
 // Device pointers; host == true means bufs are host memory to stage through the GPUs.
 RunReport runCuda(const Plan& plan, const std::vector<char*>& bufs, bool hostBuffers, const RunOptions& opt);
 bool cudaAvailable();
+// Average us of a GPU0->GPU1 (or GPU0->GPU0) cudaMemcpy; false without CUDA.
+bool cudaMemcpyUs(int64_t bytes, int iters, double* us);
 
 // Human-readable description of a wait, used in watchdog messages of both backends.
 std::string describeWait(const Plan& plan, int g, const WaitInfo& w);
