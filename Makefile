@@ -1,7 +1,7 @@
 # Top-level build. `make test` is the project's test command (run by .ci/run).
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
-NVCC ?= $(shell command -v nvcc 2>/dev/null)
+NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
 
 .PHONY: install demo test test-py native runtime profiler bench clean
 
