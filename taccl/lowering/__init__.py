@@ -19,7 +19,9 @@ Public API
 """
 from __future__ import annotations
 
+import gc
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import CheckFailed, UserError
@@ -31,7 +33,7 @@ from .instructions import generate
 from .ops import ChunkOp
 from .schedule import allocate
 
-__all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program"]
+__all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "DEFAULT_MAX_TBS"]
 
 MAX_CHANNELS = 32
 DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
@@ -95,7 +97,8 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
         attempts += [(False, cap) for cap in range(opts.max_steps, 7, -8)]
     last_problems = []
     for do_fuse, cap in attempts:
-        program = _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs)
+        with _no_gc():
+            program = _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs)
         problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
         if problems:
             last_problems = problems
@@ -110,6 +113,18 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                 report.raise_if_failed(path=f"lowered program {name!r}")
         return program
     raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
+
+
+@contextmanager
+def _no_gc():
+    """The passes build many small cyclic objects; the cycle collector only slows them down."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs) -> Program:

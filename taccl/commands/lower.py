@@ -1,0 +1,54 @@
+"""`taccl lower ALGO.json [-o OUT.xml]`: lower an algorithm file to a checked MSCCL XML program.
+
+Exit codes: 0 written, 1 the checker rejected the program (nothing written), 2 bad input or a runtime limit
+that cannot be met.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..algorithm import Algorithm
+from ..fileio import load_json
+from ..lowering import DEFAULT_MAX_TBS, lower, write_program
+from ..units import parse_size
+from ..xmlio import DIALECTS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("lower", help="lower an algorithm (.algo.json) to a checked MSCCL XML program")
+    p.add_argument("algorithm", metavar="ALGO.json")
+    p.add_argument("-o", "--output", metavar="OUT.xml", help="output file (default: ALGO name with .xml)")
+    p.add_argument("--instances", type=int, default=1, help="split every chunk N ways on N channel sets (default 1)")
+    p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default="Simple", help="NCCL protocol (default Simple)")
+    p.add_argument("--dialect", choices=DIALECTS, default="executor", help="XML dialect (default executor)")
+    p.add_argument("--min-bytes", default="0", help="smallest buffer size the runtime selects this for (default 0)")
+    p.add_argument("--max-bytes", default="0", help="largest buffer size, inclusive; 0 = unbounded (default)")
+    p.add_argument("--max-tbs", type=int, default=DEFAULT_MAX_TBS,
+                   help=f"thread blocks per rank at most (SM count; default {DEFAULT_MAX_TBS}, A100)")
+    p.add_argument("--no-fusion", action="store_true", help="emit plain s/r/rrc steps (no rcs, rrs, rrcs)")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.set_defaults(func=run)
+
+
+def default_output(algo_path: str) -> Path:
+    p = Path(algo_path)
+    name = p.name
+    for suffix in (".algo.json", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return p.with_name(name + ".xml")
+
+
+def run(args) -> int:
+    algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
+    program = lower(algo, instances=args.instances, proto=args.proto,
+                    min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
+                    max_bytes=parse_size(args.max_bytes, where="--max-bytes"), max_tbs=args.max_tbs,
+                    fuse=not args.no_fusion)
+    out = Path(args.output) if args.output else default_output(args.algorithm)
+    write_program(program, out, dialect=args.dialect)
+    if not args.quiet:
+        print(f"{out}: {program.collective} on {program.ngpus} ranks, {program.nchannels} channel(s), "
+              f"{program.max_threadblocks} thread block(s) per rank at most, {program.nsteps} steps; checked")
+    return 0

@@ -1,0 +1,70 @@
+"""`taccl simulate FILE.xml --topology T [--nodes N] --sizes 1K:1G`: predicted time and bandwidth per size.
+
+Prints a fixed-width table (nccl-tests' columns: size, time, algbw, busbw) with the lower bound next to
+each time, or JSON with ``--json``.
+"""
+from __future__ import annotations
+
+import json
+
+from ..bounds import lower_bounds
+from ..errors import UserError
+from ..simulator import SimOptions, Simulator
+from ..topology import Topology, load_spec
+from ..units import format_size, parse_size_range
+from ..xmlio import read_program
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("simulate", help="simulate an MSCCL XML program on a topology (alpha-beta with "
+                                               "contention): time and algbw per size")
+    p.add_argument("file", metavar="FILE.xml")
+    p.add_argument("--topology", "-t", required=True, help="built-in name (ndv2, dgx2, ...) or topology file")
+    p.add_argument("--nodes", "-n", type=int, default=None, help="node count (default: ranks / GPUs per node)")
+    p.add_argument("--sizes", default="1K:1G", help="LO:HI[:FACTOR] or a comma list, e.g. 1K:1G (default)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--no-tiling", action="store_true", help="move each chunk in one piece (no runtime tiles)")
+    p.set_defaults(func=run)
+
+
+def load_for(program, topology: str, nodes: int | None) -> Topology:
+    spec = load_spec(topology, where="--topology")
+    if nodes is None:
+        if program.ngpus % spec.gpus_per_node:
+            raise UserError(f"the program has {program.ngpus} ranks, not a multiple of the {spec.gpus_per_node} "
+                            f"GPUs per node of {spec.name!r}", where="--topology")
+        nodes = program.ngpus // spec.gpus_per_node
+    return Topology(spec, nodes)
+
+
+def run(args) -> int:
+    program = read_program(args.file)
+    topo = load_for(program, args.topology, args.nodes)
+    sizes = parse_size_range(args.sizes)
+    sim = Simulator(program, topo, SimOptions(tiling=not args.no_tiling))
+    rows = []
+    coll = "reducescatter" if program.collective == "reduce_scatter" else program.collective
+    for s in sizes:
+        r = sim.run(s)
+        lb = None
+        try:
+            lb = max(lower_bounds(topo, coll, s, root=program.root or 0).values())
+        except UserError:
+            pass
+        rows.append((r, lb))
+    if args.json:
+        print(json.dumps({"file": args.file, "topology": topo.name, "nodes": topo.nodes, "collective": coll,
+                          "proto": str(program.proto),
+                          "results": [dict(r.to_dict(), lower_bound_us=lb) for r, lb in rows]}, indent=1))
+        return 0
+    print(f"# {args.file}: {coll} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), proto {program.proto}, "
+          f"tiling {'off' if args.no_tiling else 'on'}")
+    print(f"{'size':>12} {'time':>12} {'algbw':>9} {'busbw':>9} {'bound':>12} {'x bound':>8} {'tiles':>6}")
+    print(f"{'(B)':>12} {'(us)':>12} {'(GB/s)':>9} {'(GB/s)':>9} {'(us)':>12} {'':>8} {'':>6}")
+    for r, lb in rows:
+        ratio = f"{r.time_us / lb:8.2f}" if lb else f"{'-':>8}"
+        lbs = f"{lb:12.2f}" if lb is not None else f"{'-':>12}"
+        tiles = f"{r.tiles}" + ("" if r.exact else "~")
+        print(f"{r.size_bytes:>12} {r.time_us:12.2f} {r.algbw_GBps:9.3f} {r.busbw_GBps:9.3f} {lbs} {ratio} {tiles:>6}")
+    print(f"# {len(rows)} size(s), {format_size(sizes[0])} to {format_size(sizes[-1])}; '~': tiles extrapolated")
+    return 0

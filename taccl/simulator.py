@@ -1,0 +1,378 @@
+"""Simulate an MSCCL-IR Program on a Topology: time and bandwidth per buffer size.
+
+Model (alpha-beta with exclusive resources, the model the synthesizer optimises):
+
+- Every thread block runs its steps in order. A step starts when the previous one finished and its
+  dependency (same tile iteration) is met. A receive needs its matched send's data to have arrived; a send
+  needs room in its connection's FIFO (it may run at most ``depth`` calls ahead of the matching receives:
+  Simple 2, LL/LL128 8, msccl-xml.md section 3). Fused steps (rcs, rrs, rrcs) forward after receiving.
+- A send is one transfer over `Topology.link(src, dst)`: it holds every exclusive resource of the link (the
+  direct link, the switch out- and in-ports, the NICs) for ``alpha + bytes / bw``; transfers are granted
+  first come, first served by ready time. ``bw`` is scaled by the protocol's efficiency (LL moves 8 bytes
+  per 16 on the wire, so x0.5; LL128 x0.92, NCCL's ring factors, ``shared/docs/reference-numbers.md``).
+- Local ``cpy``/``re`` take ``bytes / local_bw_GBps``; reductions folded into receives are free.
+- Tiling (on by default, ``tiling=False`` / ``--no-tiling`` to turn off): the runtime cuts each chunk of
+  S = size / nchunksperloop bytes into tiles (Simple 2 MiB, LL 32 KiB, LL128 576,000 B; section 1.8) and
+  replays the whole program per tile; dependencies and FIFO positions refer to tile iterations. When a
+  size needs more than ``max_exact_tiles`` tiles, that many are simulated and the rest extrapolated from
+  the steady-state time per tile over the second half of them (``SimResult.exact`` is then False).
+
+`simulate(program, topology, size_bytes) -> SimResult`; `sweep(program, topology, sizes) -> list`.
+A program that uses a link the topology lacks raises `UserError` naming rank, thread block and step.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from .errors import CheckFailed, UserError
+from .program import Program, Proto, StepType
+
+__all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TILE_BYTES", "PROTO_BW_FACTOR",
+           "Simulator"]
+
+TILE_BYTES = {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}
+PROTO_BW_FACTOR = {Proto.SIMPLE: 1.0, Proto.LL: 0.5, Proto.LL128: 0.92}
+
+_SEND, _RECV, _LOCAL = 1, 2, 4
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md)."""
+    c = "reducescatter" if collective == "reduce_scatter" else collective
+    if n <= 1:
+        return 1.0
+    if c == "allreduce":
+        return 2.0 * (n - 1) / n
+    if c in ("allgather", "reducescatter", "alltoall", "gather", "scatter", "alltoallv"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    tiling: bool = True
+    max_exact_tiles: int = 16
+    local_bw_GBps: float = 400.0  # on-GPU copy (read + write of HBM) [I]
+    proto_bw_factor: bool = True
+
+
+@dataclass
+class SimResult:
+    size_bytes: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    tiles: int
+    exact: bool
+    transfers: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Simulator:
+    """The size-independent part: the flattened program, its connections and links."""
+
+    def __init__(self, program: Program, topology, options: SimOptions | None = None):
+        self.p = program
+        self.topo = topology
+        self.opts = options or SimOptions()
+        if topology.num_ranks != program.ngpus:
+            raise UserError(f"the program is for {program.ngpus} ranks but topology {topology.name!r} with "
+                            f"{topology.nodes} node(s) has {topology.num_ranks}; pass --nodes")
+        self.proto = Proto(program.proto)
+        self._flatten()
+
+    def _flatten(self):
+        p = self.p
+        tbs = []  # (rank, tb)
+        gid = {}
+        for g in p.gpus:
+            for tb in g.threadblocks:
+                gid[(g.id, tb.id)] = len(tbs)
+                tbs.append((g.id, tb))
+        self.ntb = len(tbs)
+        conn_of = {}  # (src, dst, chan) -> conn index
+        conns = []  # [sender gtb, receiver gtb, link]
+        self.out_conn = [-1] * self.ntb
+        self.in_conn = [-1] * self.ntb
+        for G, (r, tb) in enumerate(tbs):
+            if tb.send >= 0:
+                key = (r, tb.send, tb.chan)
+                if key not in conn_of:
+                    conn_of[key] = len(conns)
+                    conns.append([None, None, None])
+                conns[conn_of[key]][0] = G
+                self.out_conn[G] = conn_of[key]
+            if tb.recv >= 0:
+                key = (tb.recv, r, tb.chan)
+                if key not in conn_of:
+                    conn_of[key] = len(conns)
+                    conns.append([None, None, None])
+                conns[conn_of[key]][1] = G
+                self.in_conn[G] = conn_of[key]
+        self.kind, self.cnt, self.dep, self.hasdep, self.sidx, self.ridx = [], [], [], [], [], []
+        self.nsend, self.nrecv = [], []
+        self.where = []
+        for G, (r, tb) in enumerate(tbs):
+            kinds, cnts, deps, hd, si, ri = [], [], [], [], [], []
+            ns = nr = 0
+            for i, st in enumerate(tb.steps):
+                t = StepType(st.type)
+                k = 0
+                if t.is_send_type:
+                    k |= _SEND
+                if t.is_recv_type:
+                    k |= _RECV
+                if t in (StepType.COPY, StepType.REDUCE):
+                    k |= _LOCAL
+                kinds.append(k)
+                cnts.append(st.cnt)
+                if st.depid >= 0:
+                    dg = gid.get((r, st.depid))
+                    if dg is None:
+                        raise UserError(f"rank {r} tb {tb.id} step {i}: depends on tb {st.depid}, which rank {r} "
+                                        f"does not have")
+                    deps.append((dg, st.deps))
+                else:
+                    deps.append(None)
+                hd.append(bool(st.hasdep))
+                si.append(ns)
+                ri.append(nr)
+                if k & _SEND:
+                    if tb.send < 0:
+                        raise UserError(f"rank {r} tb {tb.id} step {i}: {t} sends but the tb has no send peer")
+                    ns += 1
+                if k & _RECV:
+                    if tb.recv < 0:
+                        raise UserError(f"rank {r} tb {tb.id} step {i}: {t} receives but the tb has no recv peer")
+                    nr += 1
+            self.kind.append(kinds)
+            self.cnt.append(cnts)
+            self.dep.append(deps)
+            self.hasdep.append(hd)
+            self.sidx.append(si)
+            self.ridx.append(ri)
+            self.nsend.append(ns)
+            self.nrecv.append(nr)
+            self.where.append((r, tb.id))
+        # every dependency target records its finish time (whether or not the XML set hasdep)
+        for G in range(self.ntb):
+            for d in self.dep[G]:
+                if d is not None:
+                    dg, ds = d
+                    if not 0 <= ds < len(self.hasdep[dg]):
+                        r, tbid = self.where[G]
+                        raise UserError(f"rank {r} tb {tbid}: depends on step {ds} of tb {self.where[dg][1]}, "
+                                        f"which does not exist")
+                    self.hasdep[dg][ds] = True
+        # links and matching
+        factor = PROTO_BW_FACTOR[self.proto] if self.opts.proto_bw_factor else 1.0
+        self.conn_sender, self.conn_receiver, self.conn_alpha, self.conn_bpus, self.conn_res = [], [], [], [], []
+        res_ids = {}
+        for (src, dst, chan), c in sorted(conn_of.items(), key=lambda kv: kv[1]):
+            sg, rg = conns[c][0], conns[c][1]
+            if sg is None or rg is None:
+                G = sg if sg is not None else rg
+                r, tbid = self.where[G]
+                raise UserError(f"rank {r} tb {tbid}: connection {src}->{dst} on channel {chan} has no thread "
+                                f"block on the other side")
+            if self.nsend[sg] != self.nrecv[rg]:
+                raise UserError(f"connection {src}->{dst} channel {chan}: rank {src} tb {self.where[sg][1]} sends "
+                                f"{self.nsend[sg]} time(s) but rank {dst} tb {self.where[rg][1]} receives "
+                                f"{self.nrecv[rg]} time(s)")
+            link = self.topo.link(src, dst)
+            if link is None:
+                step = next((i for i, k in enumerate(self.kind[sg]) if k & _SEND), 0)
+                raise UserError(f"rank {src} tb {self.where[sg][1]} step {step}: sends to rank {dst}, but topology "
+                                f"{self.topo.name!r} has no link {src}->{dst}")
+            self.conn_sender.append(sg)
+            self.conn_receiver.append(rg)
+            self.conn_alpha.append(link.alpha_us)
+            self.conn_bpus.append(link.bw_GBps * 1000.0 * factor)  # bytes per microsecond
+            self.conn_res.append(tuple(res_ids.setdefault(res, len(res_ids)) for res in link.resources))
+        self.nres = len(res_ids)
+        self.nconn = len(self.conn_sender)
+
+    # ---------------------------------------------------------------------------------------------------
+    def tiles_for(self, size_bytes: float) -> tuple:
+        """(chunk bytes, number of tiles, tile bytes)."""
+        chunk = float(size_bytes) / self.p.nchunksperloop
+        if not self.opts.tiling:
+            return chunk, 1, chunk
+        tile = TILE_BYTES[self.proto]
+        n = max(1, math.ceil(chunk / tile - 1e-9))
+        return chunk, n, min(tile, chunk)
+
+    def run(self, size_bytes: float) -> SimResult:
+        chunk, ntiles, tile = self.tiles_for(size_bytes)
+        K = ntiles
+        exact = True
+        if ntiles > self.opts.max_exact_tiles:
+            K = max(2, self.opts.max_exact_tiles)
+            exact = False
+        sizes = [tile] * K
+        if exact and ntiles > 1:
+            sizes[-1] = chunk - tile * (ntiles - 1)
+        finish, transfers = self._run_tiles(sizes)
+        total = finish[-1]
+        if not exact:
+            h = K // 2
+            per_tile = (finish[-1] - finish[h - 1]) / (K - h)
+            rest = chunk - tile * K  # bytes per chunk beyond the simulated tiles
+            total = finish[-1] + per_tile * (rest / tile)
+            transfers = int(transfers * ntiles / K)
+        algbw = size_bytes / total / 1000.0 if total > 0 else float("inf")
+        return SimResult(size_bytes=int(size_bytes), time_us=total, algbw_GBps=algbw,
+                         busbw_GBps=algbw * busbw_factor(self.p.collective, self.p.ngpus), tiles=ntiles,
+                         exact=exact, transfers=transfers)
+
+    def _run_tiles(self, tile_bytes: list) -> tuple:
+        """Event-driven run over the given tile iterations; returns (finish time per iteration, transfers)."""
+        T = len(tile_bytes)
+        ntb = self.ntb
+        kind, cnt, dep, hasdep = self.kind, self.cnt, self.dep, self.hasdep
+        sidx, ridx, nsend, nrecv = self.sidx, self.ridx, self.nsend, self.nrecv
+        out_conn, in_conn = self.out_conn, self.in_conn
+        conn_sender, conn_receiver = self.conn_sender, self.conn_receiver
+        conn_alpha, conn_bpus, conn_res = self.conn_alpha, self.conn_bpus, self.conn_res
+        depth = self.proto.fifo_depth
+        local_bpus = self.opts.local_bw_GBps * 1000.0
+        nsteps = [len(k) for k in kind]
+        pc = [0] * ntb
+        it = [0] * ntb
+        tfree = [0.0] * ntb
+        pending = [False] * ntb
+        arrivals = [[] for _ in range(self.nconn)]
+        recv_done = [[] for _ in range(self.nconn)]
+        res_free = [0.0] * self.nres
+        fin = {}
+        dep_waiters = {}
+        iter_finish = [0.0] * T
+        heap = []
+        seq = 0
+        transfers = 0
+        work = deque(range(ntb))
+        for G in range(ntb):
+            if nsteps[G] == 0:
+                it[G] = T
+        push = heapq.heappush
+        pop = heapq.heappop
+
+        def complete(G, t):
+            # step pc[G] of iteration it[G] finished at t
+            i = pc[G]
+            itx = it[G]
+            if hasdep[G][i]:
+                key = (G, itx, i)
+                fin[key] = t
+                ws = dep_waiters.pop(key, None)
+                if ws:
+                    work.extend(ws)
+            tfree[G] = t
+            i += 1
+            if i == nsteps[G]:
+                if t > iter_finish[itx]:
+                    iter_finish[itx] = t
+                pc[G] = 0
+                it[G] = itx + 1
+            else:
+                pc[G] = i
+
+        while True:
+            while work:
+                G = work.popleft()
+                if pending[G]:
+                    continue
+                while it[G] < T:
+                    i = pc[G]
+                    itx = it[G]
+                    ready = tfree[G]
+                    d = dep[G][i]
+                    if d is not None:
+                        key = (d[0], itx, d[1])
+                        f = fin.get(key)
+                        if f is None:
+                            dep_waiters.setdefault(key, []).append(G)
+                            break
+                        if f > ready:
+                            ready = f
+                    k = kind[G][i]
+                    if k & _RECV:
+                        c = in_conn[G]
+                        q = itx * nrecv[G] + ridx[G][i]
+                        arr = arrivals[c]
+                        if len(arr) <= q:
+                            break  # the sender's arrival will wake this tb
+                        if arr[q] > ready:
+                            ready = arr[q]
+                    if k & _SEND:
+                        c = out_conn[G]
+                        q = itx * nsend[G] + sidx[G][i]
+                        if q >= depth:
+                            rd = recv_done[c]
+                            if len(rd) <= q - depth:
+                                break  # the receiver's progress will wake this tb
+                            if rd[q - depth] > ready:
+                                ready = rd[q - depth]
+                        pending[G] = True
+                        seq += 1
+                        push(heap, (ready, seq, G))
+                        break
+                    if k & _RECV:
+                        c = in_conn[G]
+                        recv_done[c].append(ready)
+                        work.append(conn_sender[c])
+                        complete(G, ready)
+                        continue
+                    if k & _LOCAL:
+                        ready += cnt[G][i] * tile_bytes[itx] / local_bpus
+                    complete(G, ready)
+            if not heap:
+                break
+            t0, _, G = pop(heap)
+            pending[G] = False
+            i = pc[G]
+            itx = it[G]
+            c = out_conn[G]
+            start = t0
+            res = conn_res[c]
+            for r in res:
+                if res_free[r] > start:
+                    start = res_free[r]
+            end = start + conn_alpha[c] + cnt[G][i] * tile_bytes[itx] / conn_bpus[c]
+            for r in res:
+                res_free[r] = end
+            transfers += 1
+            arrivals[c].append(end)
+            work.append(conn_receiver[c])
+            if kind[G][i] & _RECV:
+                ci = in_conn[G]
+                recv_done[ci].append(end)
+                work.append(conn_sender[ci])
+            complete(G, end)
+            work.append(G)
+        stuck = [G for G in range(ntb) if it[G] < T]
+        if stuck:
+            G = stuck[0]
+            r, tbid = self.where[G]
+            raise CheckFailed(f"the program deadlocks in simulation: {len(stuck)} thread block(s) never finish, "
+                              f"e.g. rank {r} tb {tbid} at step {pc[G]} of tile {it[G]}")
+        for x in range(1, T):
+            if iter_finish[x] < iter_finish[x - 1]:
+                iter_finish[x] = iter_finish[x - 1]
+        return iter_finish, transfers
+
+
+def simulate(program: Program, topology, size_bytes: float, *, options: SimOptions | None = None) -> SimResult:
+    """Simulate one size (see the module docstring)."""
+    return Simulator(program, topology, options).run(size_bytes)
+
+
+def sweep(program: Program, topology, sizes, *, options: SimOptions | None = None) -> list:
+    """Simulate every size; the program is flattened once."""
+    sim = Simulator(program, topology, options)
+    return [sim.run(s) for s in sizes]
