@@ -31,7 +31,7 @@ from .emit import check_limits, compact_scratch, emit
 from .fusion import fuse
 from .instructions import generate
 from .ops import ChunkOp
-from .schedule import allocate
+from .schedule import OrderFailed, allocate
 
 __all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "DEFAULT_MAX_TBS"]
 
@@ -92,13 +92,16 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
         ops = _split_ops(ops)
     ops = _cap_cnt(ops)
     per_instance_tbs = max(1, opts.max_tbs // N)
-    attempts = [(opts.fuse, cap) for cap in range(opts.max_steps, 7, -8)]
-    if opts.fuse:
-        attempts += [(False, cap) for cap in range(opts.max_steps, 7, -8)]
+    # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
+    # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
+    modes = ["natural", "safe", None] if opts.fuse else [None]
+    attempts = [(m, cap) for m in modes for cap in range(opts.max_steps, 7, -8)]
     last_problems = []
-    for do_fuse, cap in attempts:
+    for mode, cap in attempts:
         with _no_gc():
-            program = _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs)
+            program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs)
+        if program is None:
+            continue  # this fusion mode does not apply
         problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
         if problems:
             last_problems = problems
@@ -108,7 +111,7 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
         if opts.check:
             report = verify_program(program)
             if not report.ok:
-                if do_fuse:
+                if mode is not None:
                     continue
                 report.raise_if_failed(path=f"lowered program {name!r}")
         return program
@@ -127,15 +130,18 @@ def _no_gc():
             gc.enable()
 
 
-def _build(ops, coll, name, opts, do_fuse, cap, per_instance_tbs) -> Program:
+def _build(ops, coll, name, opts, mode, cap, per_instance_tbs) -> Program | None:
     instrs = generate(ops, coll.num_ranks)
-    if do_fuse:
-        fuse(instrs)
-    tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
-                   max_tbs=per_instance_tbs)
-    scratch = compact_scratch(tbs, coll.num_ranks)
-    return emit(tbs, coll, name=name, instances=opts.instances, proto=opts.proto, min_bytes=opts.min_bytes,
-                max_bytes=opts.max_bytes, scratch=scratch)
+    if mode is not None and not fuse(instrs, mode=mode):
+        return None
+    try:
+        tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
+                       max_tbs=per_instance_tbs)
+        scratch = compact_scratch(tbs, coll.num_ranks)
+        return emit(tbs, coll, name=name, instances=opts.instances, proto=opts.proto, min_bytes=opts.min_bytes,
+                    max_bytes=opts.max_bytes, scratch=scratch)
+    except OrderFailed:
+        return None
 
 
 def _split_ops(ops):

@@ -15,7 +15,11 @@ intact; it makes logically contiguous slots non-contiguous, so with N > 1 the ea
 """
 from __future__ import annotations
 
+import heapq
+
 from ..program import Buf, Gpu, Program, Proto, Step, Threadblock, nop_step
+
+from .schedule import OrderFailed
 
 __all__ = ["compact_scratch", "emit", "check_limits"]
 
@@ -42,13 +46,42 @@ def compact_scratch(tbs, num_ranks: int) -> list:
     return [len(u) for u in used]
 
 
+def _rank_order(rank_tbs) -> list:
+    """All instructions of a rank in an order that respects every tb's order and every dependency."""
+    nxt = {}
+    indeg = {}
+    for tb in rank_tbs:
+        for a, b in zip(tb.instrs, tb.instrs[1:]):
+            nxt.setdefault(a.id, []).append(b)
+        for ins in tb.instrs:
+            indeg[ins.id] = indeg.get(ins.id, 0) + (1 if ins is not tb.instrs[0] else 0)
+    for tb in rank_tbs:
+        for ins in tb.instrs:
+            for d in ins.deps:
+                nxt.setdefault(d.id, []).append(ins)
+                indeg[ins.id] += 1
+    heap = [(ins.pos, ins.id, ins) for tb in rank_tbs for ins in tb.instrs if indeg[ins.id] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, _, ins = heapq.heappop(heap)
+        out.append(ins)
+        for j in nxt.get(ins.id, ()):
+            indeg[j.id] -= 1
+            if indeg[j.id] == 0:
+                heapq.heappush(heap, (j.pos, j.id, j))
+    if len(out) != len(indeg):
+        raise OrderFailed()
+    return out
+
+
 def _plan_waits(rank_tbs):
     """Per instruction id: the (tb index, position) pairs it must wait for, minimal per the vector clocks."""
     pos = {}
     for tb in rank_tbs:
         for p, ins in enumerate(tb.instrs):
             pos[ins.id] = (tb.index, p)
-    order = sorted((ins for tb in rank_tbs for ins in tb.instrs), key=lambda i: i.key)
+    order = _rank_order(rank_tbs)
     clock_after = {}  # instr id -> {tb index: last position known complete}
     last_in_tb = {}
     waits = {}
@@ -64,7 +97,7 @@ def _plan_waits(rank_tbs):
             if need.get(dj, (-1,))[0] < dp:
                 need[dj] = (dp, d)
         mine = []
-        for dj, (dp, d) in sorted(need.items(), key=lambda kv: kv[1][1].key, reverse=True):
+        for dj, (dp, d) in sorted(need.items(), key=lambda kv: kv[1][1].pos, reverse=True):
             if vc.get(dj, -1) >= dp:
                 continue
             mine.append((dj, dp))
@@ -98,7 +131,7 @@ def emit(tbs, coll, *, name: str, instances: int, proto: str, min_bytes: int, ma
         by_rank[tb.rank].append(tb)
     gpus = []
     for r in range(R):
-        rank_tbs = sorted(by_rank[r], key=lambda t: (t.ch, t.send, t.recv, t.instrs[0].key if t.instrs else ()))
+        rank_tbs = sorted(by_rank[r], key=lambda t: (t.ch, t.send, t.recv, t.instrs[0].pos if t.instrs else ()))
         for j, tb in enumerate(rank_tbs):
             tb.index = j
         waits = _plan_waits(rank_tbs)

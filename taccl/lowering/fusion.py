@@ -8,10 +8,19 @@ exactly the slots X wrote and nothing else (so X is Y's only dependency):
 - ``rrc`` + ``s``  -> ``rrs``   when the reduced value is read by nobody else and is overwritten later
   or lives in scratch: receive, reduce, forward, store nothing.
 
-The absorbed send moves to just after X in the global order (its receive Z on the next rank gets the key
-``key(X) + (0,)``). That is allowed only when every dependency of Z precedes the new key; otherwise the pair
-is left unfused. Z may in turn fuse with its own forward, so chains (a ring's ``rcs`` ... ``rcs``) fuse
-step by step. Every dependency still points to an earlier key afterwards.
+The fused instruction does its receive and its send at one point of its thread block's order. Two modes
+choose that point:
+
+``natural`` (tried first)
+    keys stay as they are: the fused instruction receives at X's event and sends at Y's; its thread block
+    orders it by the send (`taccl.lowering.schedule` keeps every connection in event order). The data
+    may wait in the connection's FIFO meanwhile, as in NCCL's ring, and every thread block keeps the
+    algorithm's time order. Such programs rely on FIFO buffering; the checker proves them.
+``safe``
+    at X's place: Y's receive Z on the next rank moves to ``key(X) + (0,)``, allowed only when every
+    dependency of Z precedes that key. Z may in turn fuse, so chains fuse step by step. The result is
+    deadlock-free even with unbuffered sends (see `taccl.lowering.schedule`), but a fused chain runs
+    ahead of everything keyed after its start, which serialises rings; it is the fallback.
 """
 from __future__ import annotations
 
@@ -34,15 +43,15 @@ def _candidate(x):
     return best
 
 
-def fuse(instrs: list, *, allow_rrs: bool = True) -> int:
-    """Fuse in place; returns the number of fusions. Absorbed sends are marked ``dead``."""
+def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True) -> bool:
+    """Fuse in place; absorbed sends are marked ``dead``. Returns True."""
+    if mode == "natural":
+        return _fuse_natural(instrs, allow_rrs)
     heap = [(x.key, x.id) for x in instrs if x.type in _FUSED]
     heapq.heapify(heap)
-    by_id = instrs
-    count = 0
     while heap:
         key, xid = heapq.heappop(heap)
-        x = by_id[xid]
+        x = instrs[xid]
         if x.key != key or x.type not in _FUSED or x.dead:
             continue
         y = _candidate(x)
@@ -52,26 +61,39 @@ def fuse(instrs: list, *, allow_rrs: bool = True) -> int:
         newkey = x.key + (0,)
         if any(not d.key < newkey for d in z.deps):
             continue
-        dead_value = len(x.readers) == 1 and (x.dstbuf is Buf.SCRATCH or x.overwritten >= x.cnt)
-        if x.type is StepType.RECV_REDUCE_COPY and allow_rrs and dead_value:
-            x.type = StepType.RECV_REDUCE_SEND
-            x.dstbuf, x.dstoff = Buf.OUTPUT, -1
-        else:
-            x.type = _FUSED[x.type]
-        x.send_peer = y.send_peer
-        x.to, z.frm = z, x
-        if y.want_ch is not None and x.want_ch is None:
-            x.want_ch = y.want_ch
-        y.dead = True
-        x.readers.discard(y)
-        for dep in y.dependents:
-            dep.deps.discard(y)
-            if dep is not x:
-                dep.deps.add(x)
-                x.dependents.append(dep)
-        x.dependents = [d for d in x.dependents if d is not y]
-        z.key = newkey
-        count += 1
+        _absorb(x, y, allow_rrs)
+        z.key = z.pos = newkey
         if z.type in _FUSED:
             heapq.heappush(heap, (z.key, z.id))
-    return count
+    return True
+
+
+def _absorb(x, y, allow_rrs):
+    z = y.to
+    dead_value = len(x.readers) == 1 and (x.dstbuf is Buf.SCRATCH or x.overwritten >= x.cnt)
+    if x.type is StepType.RECV_REDUCE_COPY and allow_rrs and dead_value:
+        x.type = StepType.RECV_REDUCE_SEND
+    else:
+        x.type = _FUSED[x.type]
+    x.send_peer = y.send_peer
+    x.to, z.frm = z, x
+    if y.want_ch is not None and x.want_ch is None:
+        x.want_ch = y.want_ch
+    y.dead = True
+    x.readers.discard(y)
+    for dep in y.dependents:
+        dep.deps.discard(y)
+        if dep is not x:
+            dep.deps.add(x)
+            x.dependents.append(dep)
+    x.dependents = [d for d in x.dependents if d is not y]
+
+
+def _fuse_natural(instrs, allow_rrs) -> bool:
+    for x in sorted((i for i in instrs if i.type in _FUSED), key=lambda i: i.key):
+        y = _candidate(x)
+        if y is None:
+            continue
+        _absorb(x, y, allow_rrs)
+        x.pos = y.key
+    return True

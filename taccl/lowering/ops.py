@@ -58,7 +58,7 @@ class Instr:
     """One instruction of one rank (see the module docstring)."""
 
     __slots__ = ("id", "rank", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "send_peer", "recv_peer",
-                 "key", "deps", "dependents", "readers", "overwritten", "to", "frm", "dead", "ch", "want_ch",
+                 "key", "pos", "deps", "dependents", "readers", "overwritten", "to", "frm", "dead", "ch", "want_ch",
                  "tb", "origin")
 
     def __init__(self, id, rank, type, *, srcbuf=Buf.INPUT, srcoff=-1, dstbuf=Buf.OUTPUT, dstoff=-1, cnt=1,
@@ -69,6 +69,7 @@ class Instr:
         self.srcbuf, self.srcoff, self.dstbuf, self.dstoff, self.cnt = srcbuf, srcoff, dstbuf, dstoff, cnt
         self.send_peer, self.recv_peer = send_peer, recv_peer
         self.key = key
+        self.pos = key  # where it sits in its thread block's order (fusion may move it later)
         self.deps = set()  # Instr on the same rank that must complete first
         self.dependents = []  # reverse of deps
         self.readers = set()  # instructions that read a value this one wrote
@@ -84,7 +85,7 @@ class Instr:
     def __repr__(self) -> str:
         return (f"Instr({self.id}, r{self.rank}, {self.type}, src={self.srcbuf}{self.srcoff}, "
                 f"dst={self.dstbuf}{self.dstoff}, cnt={self.cnt}, send={self.send_peer}, recv={self.recv_peer}, "
-                f"key={self.key})")
+                f"key={self.key}, pos={self.pos})")
 
     @property
     def reads_slots(self):

@@ -25,11 +25,13 @@ thread blocks that respects the constraints above is deadlock-free, merging incl
 """
 from __future__ import annotations
 
+import heapq
+
 from ..errors import UserError
 from ..program import StepType
 from .ops import Instr
 
-__all__ = ["TB", "allocate"]
+__all__ = ["TB", "allocate", "order_tb", "OrderFailed"]
 
 MAX_TBS_PER_CHANNEL = 32
 
@@ -202,8 +204,8 @@ def _flows(live):
     for ins in live:
         if ins.send_peer >= 0 or ins.recv_peer >= 0:
             groups.setdefault(find(ins.id), []).append(ins)
-    flows = [sorted(g, key=lambda i: i.key) for g in groups.values()]
-    flows.sort(key=lambda g: g[0].key)
+    flows = [sorted(g, key=lambda i: i.pos) for g in groups.values()]
+    flows.sort(key=lambda g: g[0].pos)
     return flows
 
 
@@ -216,13 +218,14 @@ def _unfuse(x: Instr, instrs: list) -> tuple:
               send_peer=x.send_peer, key=z.key, origin=x.origin, want_ch=x.want_ch)
     instrs.append(y)
     x.type = base
+    x.pos = x.key
     x.send_peer = -1
     x.to = None
     y.to, z.frm = z, y
     y.deps = {x}
     x.dependents.append(y)
     for d in list(x.dependents):
-        if d is not y and y.key < d.key:
+        if d is not y and y.pos < d.pos:
             d.deps.add(y)
             y.dependents.append(d)
     return x, y
@@ -232,7 +235,7 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     """Assign channels and thread blocks; returns the TBs (instructions in key order, ``index`` unset)."""
     live = [i for i in instrs if not i.dead]
     st = _State(step_cap)
-    for ins in sorted(live, key=lambda i: i.key):
+    for ins in sorted(live, key=lambda i: i.pos):
         if ins.send_peer >= 0 and ins.recv_peer >= 0:
             st.hints.setdefault((ins.rank, "S", ins.send_peer), ins.recv_peer)
             st.hints.setdefault((ins.rank, "R", ins.recv_peer), ins.send_peer)
@@ -270,7 +273,7 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     by_rank = {}
     for tb in st.tbs:
         by_rank.setdefault(tb.rank, []).append(tb)
-    for ins in sorted((i for i in live if i.send_peer < 0 and i.recv_peer < 0), key=lambda i: i.key):
+    for ins in sorted((i for i in live if i.send_peer < 0 and i.recv_peer < 0), key=lambda i: i.pos):
         cands = [tb for tb in by_rank.get(ins.rank, []) if tb.nsteps < step_cap]
         if cands:
             tb = min(cands, key=lambda t: t.nsteps)
@@ -283,8 +286,49 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
         ins.tb, ins.ch = tb, tb.ch
     tbs = _merge(st.tbs, max_tbs, step_cap)
     for tb in tbs:
-        tb.instrs.sort(key=lambda i: i.key)
+        tb.instrs = order_tb(tb.instrs)
     return tbs
+
+
+class OrderFailed(Exception):
+    """A thread block has no order that keeps its connections in event order and its dependencies."""
+
+
+def order_tb(instrs: list) -> list:
+    """Order one thread block: receives by their event key, sends by theirs, same-tb dependencies first;
+    among the ready ones the smallest position. Raises `OrderFailed` on a cycle."""
+    if len(instrs) <= 1:
+        return list(instrs)
+    mine = {id(i) for i in instrs}
+    succ = {id(i): [] for i in instrs}
+    indeg = {id(i): 0 for i in instrs}
+
+    def edge(a, b):
+        succ[id(a)].append(b)
+        indeg[id(b)] += 1
+
+    recvs = sorted((i for i in instrs if i.recv_peer >= 0), key=lambda i: i.key)
+    sends = sorted((i for i in instrs if i.send_peer >= 0), key=lambda i: i.to.key)
+    for chain in (recvs, sends):
+        for a, b in zip(chain, chain[1:]):
+            edge(a, b)
+    for i in instrs:
+        for d in i.deps:
+            if id(d) in mine:
+                edge(d, i)
+    heap = [(i.pos, i.id, i) for i in instrs if indeg[id(i)] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, _, i = heapq.heappop(heap)
+        out.append(i)
+        for j in succ[id(i)]:
+            indeg[id(j)] -= 1
+            if indeg[id(j)] == 0:
+                heapq.heappush(heap, (j.pos, j.id, j))
+    if len(out) != len(instrs):
+        raise OrderFailed()
+    return out
 
 
 def _split(flow, instrs):
@@ -295,8 +339,8 @@ def _split(flow, instrs):
             sends.append(_unfuse(x, instrs)[1])
         elif x.send_peer >= 0:
             sends.append(x)
-    out = [sorted([s, s.to], key=lambda i: i.key) for s in sends]
-    out.sort(key=lambda g: g[0].key)
+    out = [sorted([s, s.to], key=lambda i: i.pos) for s in sends]
+    out.sort(key=lambda g: g[0].pos)
     return out
 
 

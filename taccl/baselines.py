@@ -1,0 +1,330 @@
+"""Baseline algorithms, written in the DSL (`taccl.dsl`) and lowered by the same passes as synthesized ones.
+
+``build(name, topology, collective_name, *, chunkup=1, instances=1, proto="Simple") -> Program``
+
+=====================  ======================================  ==============================================
+name                   collectives                             what
+=====================  ======================================  ==============================================
+ring                   allgather, reducescatter, allreduce     NCCL-style ring through a Hamiltonian cycle
+                                                               of each node's links, nodes chained by NICs
+double-binary-tree     allreduce                               NCCL-style: a chain inside each node, two
+                                                               binary trees over the nodes (mirrored), each
+                                                               tree reducing then broadcasting half the data
+direct                 alltoall, allgather                     every rank sends straight to every other
+hierarchical           allreduce                               intra-node ring reduce-scatter, inter-node ring
+                                                               allreduce per shard, intra-node ring allgather
+two-step               alltoall (several nodes)                intra-node exchange into a per-destination-node
+                                                               staging area, then one aggregated send per
+                                                               remote GPU over the NIC
+=====================  ======================================  ==============================================
+
+Every remote copy must follow a link of the topology (`Topology.link`); a baseline that needs a missing
+link raises `UserError` (``direct`` on an NDv2 node, whose GPUs are not all joined, for example).
+`applicable(name, topology, collective)` tells without raising.
+"""
+from __future__ import annotations
+
+from .collectives import ALIASES
+from .dsl import DSLProgram
+from .errors import UserError
+from .program import Program
+
+__all__ = ["BASELINES", "build", "build_dsl", "applicable", "ring_order", "node_cycle"]
+
+BASELINES = {
+    "ring": ("allgather", "reducescatter", "allreduce"),
+    "double-binary-tree": ("allreduce",),
+    "direct": ("alltoall", "allgather"),
+    "hierarchical": ("allreduce",),
+    "two-step": ("alltoall",),
+}
+
+
+def _canon(c: str) -> str:
+    return ALIASES.get(c.lower(), c.lower())
+
+
+# ------------------------------------------------------------------------------------------------------
+# Orders
+
+
+def node_cycle(topology) -> list:
+    """A Hamiltonian cycle over one node's local GPUs along its links (fastest links tried first)."""
+    g = topology.gpus_per_node
+    if g == 1:
+        return [0]
+    spec = topology.spec
+    adj = {u: [] for u in range(g)}
+    for (s, d), (_, tname, _) in topology._intra_local.items():
+        adj[s].append((-spec.link_types[tname].bw_GBps, d))
+    for u in adj:
+        adj[u] = [d for _, d in sorted(adj[u])]
+    path, seen = [0], {0}
+    budget = [200_000]
+
+    def dfs():
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if len(path) == g:
+            return 0 in adj[path[-1]]
+        # Warnsdorff: fewest onward choices first
+        cands = [v for v in adj[path[-1]] if v not in seen]
+        cands.sort(key=lambda v: sum(1 for w in adj[v] if w not in seen))
+        for v in cands:
+            path.append(v)
+            seen.add(v)
+            if dfs():
+                return True
+            path.pop()
+            seen.discard(v)
+        return False
+
+    if not dfs():
+        raise UserError(f"topology {topology.name!r}: found no ring through the GPUs of a node along its links")
+    return path
+
+
+def ring_order(topology) -> list:
+    """Global ranks in ring order: each node's cycle opened into a path, nodes chained through NICs."""
+    cyc = node_cycle(topology)
+    return [topology.rank(n, l) for n in range(topology.nodes) for l in cyc]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Algorithms
+
+
+def _ring_allgather(prog, order, k, *, buf_src="input"):
+    R = len(order)
+    pos = {r: p for p, r in enumerate(order)}
+    refs = {}
+    for r in order:
+        refs[r] = prog.chunk(r, buf_src, 0 if buf_src == "input" else r * k, k)
+    for step in range(1, R):
+        for r in order:
+            nxt = order[(pos[r] + step) % R]
+            refs[r] = refs[r].copy(nxt, "output", r * k)
+    if buf_src == "input":
+        for r in order:
+            prog.chunk(r, "input", 0, k).copy(r, "output", r * k)
+
+
+def _ring_reduce_scatter(prog, order, k, *, into_output_all: bool):
+    """Owner o's chunks travel o+1, o+2, ..., o, each rank adding its input; partial sums go to scratch
+    (ReduceScatter) or to the output slot (AllReduce, overwritten later by the allgather)."""
+    R = len(order)
+    pos = {r: p for p, r in enumerate(order)}
+    acc = {o: prog.chunk(order[(pos[o] + 1) % R], "input", o * k, k) for o in order}
+    for step in range(1, R):
+        for o in order:
+            b = order[(pos[o] + 1 + step) % R]
+            if into_output_all:
+                into = ("output", o * k)
+            else:
+                into = ("output", 0) if b == o else ("partial", o * k)
+            acc[o] = prog.chunk(b, "input", o * k, k).reduce(acc[o], into=into)
+
+
+def ring(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+    order = ring_order(topology)
+    R = len(order)
+    prog = DSLProgram(coll, R, chunkup, name=f"ring-{coll}")
+    k = chunkup
+    if coll == "allgather":
+        _ring_allgather(prog, order, k)
+    elif coll == "reducescatter":
+        _ring_reduce_scatter(prog, order, k, into_output_all=False)
+    elif coll == "allreduce":
+        _ring_reduce_scatter(prog, order, k, into_output_all=True)
+        _ring_allgather(prog, order, k, buf_src="output")
+    return prog
+
+
+def direct(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+    R = topology.num_ranks
+    k = chunkup
+    prog = DSLProgram(coll, R, chunkup, name=f"direct-{coll}")
+    for off in range(1, R):
+        for s in range(R):
+            d = (s + off) % R
+            if coll == "alltoall":
+                prog.chunk(s, "input", d * k, k).copy(d, "output", s * k)
+            else:
+                prog.chunk(s, "input", 0, k).copy(d, "output", s * k)
+    for s in range(R):
+        prog.chunk(s, "input", s * k if coll == "alltoall" else 0, k).copy(s, "output", s * k)
+    return prog
+
+
+def _trees(n: int):
+    """Two binary trees over n items (heap layout and its mirror): parent lists (root has parent -1)."""
+    t1 = [-1] + [(i - 1) // 2 for i in range(1, n)]
+    m = list(range(n - 1, -1, -1))  # mirror: item i sits at heap position n-1-i
+    t2 = [-1] * n
+    for pos in range(1, n):
+        t2[m[pos]] = m[(pos - 1) // 2]
+    return t1, t2
+
+
+def double_binary_tree(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+    R = topology.num_ranks
+    prog = DSLProgram(coll, R, chunkup, name="double-binary-tree-allreduce")
+    cyc = node_cycle(topology)
+    nodes = topology.nodes
+    t1, t2 = _trees(nodes)
+    trees = []
+    for t, (parents, chain) in enumerate(((t1, cyc), (t2, cyc[::-1]))):
+        # rank tree: inside a node a chain (chain[0] is the node's head), heads joined by the node tree
+        parent = {}
+        for n in range(nodes):
+            ranks = [topology.rank(n, l) for l in chain]
+            for a, b in zip(ranks, ranks[1:]):
+                parent[b] = a
+            parent[ranks[0]] = topology.rank(parents[n], chain[0]) if parents[n] >= 0 else -1
+        trees.append(parent)
+    C = prog.coll.num_chunks
+    halves = [range(0, C // 2), range(C // 2, C)] if C > 1 else [range(0, C), range(0)]
+    for parent, chunks in zip(trees, halves):
+        children = {r: [] for r in range(R)}
+        root = None
+        for r, p in parent.items():
+            if p < 0:
+                root = r
+            else:
+                children[p].append(r)
+        height, depth, post = {}, {root: 0}, []
+
+        def visit(u):
+            for v in children[u]:
+                depth[v] = depth[u] + 1
+                visit(v)
+            height[u] = 1 + max((height[v] for v in children[u]), default=-1)
+            post.append(u)
+
+        visit(root)
+        H = height[root]
+        # pipelined schedule: chunk i is reduced at node u at step i + height(u), then sent down at
+        # step i + H + 1 + depth(u); operations are traced in step order
+        events = []
+        for i, c in enumerate(chunks):
+            for u in post:
+                events.append((i + height[u], 0, c, u))
+                events.append((i + H + 1 + depth[u], 1, c, u))
+        result = {}
+        for _, phase, c, u in sorted(events, key=lambda e: (e[0], e[1], e[2], e[3])):
+            if phase == 0:  # reduce the children's partial sums into u
+                acc = prog.chunk(u, "input", c)
+                for v in children[u]:
+                    acc = acc.reduce(result[(c, v)], into=("output", c))
+                result[(c, u)] = acc
+            else:  # broadcast the full sum from u to its children
+                for v in children[u]:
+                    prog.chunk(u, "output", c).copy(v, "output", c)
+    return prog
+
+
+def hierarchical(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+    G, N = topology.gpus_per_node, topology.nodes
+    R = G * N
+    k = chunkup
+    prog = DSLProgram(coll, R, chunkup, name="hierarchical-allreduce")
+    cyc = node_cycle(topology)
+    shard = N * k  # chunks per shard; local GPU cyc[j] owns shard j of its node
+    # 1. intra-node ring reduce-scatter of shards into the output
+    for n in range(N):
+        ranks = [topology.rank(n, l) for l in cyc]
+        acc = {j: prog.chunk(ranks[(j + 1) % G], "input", j * shard, shard) for j in range(G)}
+        for step in range(1, G):
+            for j in range(G):
+                b = ranks[(j + 1 + step) % G]
+                acc[j] = prog.chunk(b, "input", j * shard, shard).reduce(acc[j], into=("output", j * shard))
+    # 2. inter-node ring allreduce of each shard among the GPUs with the same local position
+    if N > 1:
+        for j in range(G):
+            ring_ranks = [topology.rank(n, cyc[j]) for n in range(N)]
+            base = j * shard
+            acc = {m: prog.chunk(ring_ranks[(m + 1) % N], "output", base + m * k, k) for m in range(N)}
+            for step in range(1, N):
+                for m in range(N):
+                    b = ring_ranks[(m + 1 + step) % N]
+                    acc[m] = prog.chunk(b, "output", base + m * k, k).reduce(acc[m])
+            refs = {m: prog.chunk(ring_ranks[m], "output", base + m * k, k) for m in range(N)}
+            for step in range(1, N):
+                for m in range(N):
+                    refs[m] = refs[m].copy(ring_ranks[(m + step) % N], "output", base + m * k)
+    # 3. intra-node ring allgather of the shards
+    for n in range(N):
+        ranks = [topology.rank(n, l) for l in cyc]
+        refs = {j: prog.chunk(ranks[j], "output", j * shard, shard) for j in range(G)}
+        for step in range(1, G):
+            for j in range(G):
+                refs[j] = refs[j].copy(ranks[(j + step) % G], "output", j * shard)
+    return prog
+
+
+def two_step(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+    G, N = topology.gpus_per_node, topology.nodes
+    R = G * N
+    k = chunkup
+    if N < 2:
+        raise UserError("two-step AllToAll needs at least 2 nodes; use 'direct' inside one node")
+    prog = DSLProgram(coll, R, chunkup, name="two-step-alltoall")
+    # 1. intra-node: (n,g) -> (n,h) the chunks for every (m,h), m != n, staged at agg[(m*G + g)*k]
+    for off in range(G):
+        for n in range(N):
+            for g in range(G):
+                h = (g + off) % G
+                s, relay = topology.rank(n, g), topology.rank(n, h)
+                for m in range(N):
+                    d = topology.rank(m, h)
+                    src = prog.chunk(s, "input", d * k, k)
+                    if m == n:
+                        src.copy(d, "output", s * k)
+                    else:
+                        src.copy(relay, "agg", (m * G + g) * k)
+    # 2. inter-node: one aggregated send per remote GPU
+    for off in range(1, N):
+        for n in range(N):
+            m = (n + off) % N
+            for h in range(G):
+                relay, d = topology.rank(n, h), topology.rank(m, h)
+                prog.chunk(relay, "agg", m * G * k, G * k).copy(d, "output", n * G * k)
+    return prog
+
+
+_BUILDERS = {"ring": ring, "double-binary-tree": double_binary_tree, "direct": direct,
+             "hierarchical": hierarchical, "two-step": two_step}
+
+
+def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) -> DSLProgram:
+    """The traced DSL program of a baseline (not yet lowered)."""
+    if name not in BASELINES:
+        raise UserError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
+    coll = _canon(collective_name)
+    if coll not in BASELINES[name]:
+        raise UserError(f"baseline {name!r} implements {', '.join(BASELINES[name])}, not {coll!r}")
+    if chunkup < 1:
+        raise UserError(f"chunk-up must be at least 1, got {chunkup}")
+    prog = _BUILDERS[name](topology, coll, chunkup)
+    for kind, src, dst, _, _ in prog._ops:
+        if src.rank != dst.rank and topology.link(src.rank, dst.rank) is None:
+            raise UserError(f"baseline {name!r} needs a link {src.rank}->{dst.rank}, which topology "
+                            f"{topology.name!r} lacks")
+    return prog
+
+
+def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instances: int = 1,
+          proto: str = "Simple", max_tbs: int = 108) -> Program:
+    """A baseline as a proven Program (see the module docstring)."""
+    prog = build_dsl(name, topology, collective_name, chunkup=chunkup)
+    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
+
+
+def applicable(name: str, topology, collective_name: str) -> bool:
+    """Whether `build` can make this baseline here (right collective, links present)."""
+    try:
+        build_dsl(name, topology, collective_name)
+    except UserError:
+        return False
+    return True

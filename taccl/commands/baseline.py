@@ -1,0 +1,38 @@
+"""`taccl baseline NAME --topology T --nodes N -o FILE.xml`: a checked baseline program (ring, tree, ...)."""
+from __future__ import annotations
+
+from ..baselines import BASELINES, build
+from ..lowering import DEFAULT_MAX_TBS, write_program
+from ..topology import load_topology
+from ..xmlio import DIALECTS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("baseline", help="write a baseline algorithm (ring, double-binary-tree, direct, "
+                                               "hierarchical, two-step) as a checked MSCCL XML program")
+    p.add_argument("name", choices=sorted(BASELINES))
+    p.add_argument("--topology", "-t", required=True, help="built-in name (ndv2, dgx2, ...) or topology file")
+    p.add_argument("--nodes", "-n", type=int, default=1)
+    p.add_argument("--collective", "-c", default=None,
+                   help="collective (default: the baseline's first: " +
+                        ", ".join(f"{k} {v[0]}" for k, v in BASELINES.items()) + ")")
+    p.add_argument("--chunkup", type=int, default=1, help="chunks per rank (pipelining depth; default 1)")
+    p.add_argument("--instances", type=int, default=1, help="split every chunk N ways on N channel sets")
+    p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default="Simple")
+    p.add_argument("--max-tbs", type=int, default=DEFAULT_MAX_TBS)
+    p.add_argument("--dialect", choices=DIALECTS, default="executor")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.xml")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    topo = load_topology(args.topology, args.nodes, where="--topology")
+    coll = args.collective or BASELINES[args.name][0]
+    program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
+                    max_tbs=args.max_tbs)
+    write_program(program, args.output, dialect=args.dialect)
+    if not args.quiet:
+        print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "
+              f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked")
+    return 0
