@@ -1,0 +1,54 @@
+"""Every baseline passes the checker on several topologies and rank counts, and simulates."""
+from __future__ import annotations
+
+import pytest
+
+from taccl.baselines import BASELINES, applicable, build, node_cycle, ring_order
+from taccl.checker import check_program
+from taccl.cli import main
+from taccl.errors import UserError
+from taccl.simulator import simulate
+from taccl.topology import load_topology
+from taccl.xmlio import read_program
+
+TOPOS = [("ndv2", 1), ("ndv2", 2), ("dgx2", 1), ("dgx2", 2), ("torus-2x3", 1), ("torus-3x3", 1), ("dgx-a100", 3)]
+CASES = [(t, n, b, c) for t, n in TOPOS for b, colls in BASELINES.items() for c in colls]
+
+
+@pytest.mark.parametrize("tname,nodes,name,coll", CASES, ids=[f"{t}x{n}-{b}-{c}" for t, n, b, c in CASES])
+def test_baseline_proven(tname, nodes, name, coll):
+    t = load_topology(tname, nodes)
+    if not applicable(name, t, coll):
+        with pytest.raises(UserError):
+            build(name, t, coll)
+        return
+    p = build(name, t, coll)
+    report = check_program(p)
+    assert report.ok and report.proven, report.summary()
+    assert simulate(p, t, 1 << 20).time_us > 0
+
+
+@pytest.mark.parametrize("name,coll", [("ring", "allreduce"), ("direct", "alltoall"), ("two-step", "alltoall")])
+def test_baseline_instances_and_chunkup(name, coll):
+    t = load_topology("dgx2", 2) if name == "two-step" else load_topology("dgx-a100", 1)
+    p = build(name, t, coll, chunkup=2, instances=2)
+    assert check_program(p).ok
+    assert p.nchunksperloop == 2 * 2 * (t.num_ranks if coll != "allgather" else t.num_ranks)
+
+
+def test_ring_follows_links():
+    t = load_topology("ndv2", 2)
+    order = ring_order(t)
+    assert sorted(order) == list(range(16))
+    for a, b in zip(order, order[1:] + order[:1]):
+        assert t.link(a, b) is not None
+    assert sorted(node_cycle(load_topology("torus-4x4", 1))) == list(range(16))
+
+
+def test_baseline_cli(tmp_path, capsys):
+    out = tmp_path / "tree.xml"
+    assert main(["baseline", "double-binary-tree", "-t", "dgx2", "-n", "2", "-o", str(out)]) == 0
+    assert read_program(out).collective == "allreduce"
+    assert main(["baseline", "direct", "-t", "ndv2", "-o", str(tmp_path / "x.xml")]) == 2
+    assert not (tmp_path / "x.xml").exists()
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "alltoall", "-o", str(tmp_path / "y.xml")]) == 2

@@ -1,0 +1,166 @@
+"""Simulator: hand-computed times, contention, FIFO, tiling, shared XMLs, errors, CLI."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from taccl.baselines import build
+from taccl.cli import main
+from taccl.errors import UserError
+from taccl.program import Buf, Gpu, Program, Proto, Step, StepType, Threadblock
+from taccl.simulator import SimOptions, Simulator, busbw_factor, simulate, sweep
+from taccl.topology import Topology, load_topology, spec_from_dict
+from taccl.xmlio import read_program
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "msccl-xml")
+NOTILE = SimOptions(tiling=False, local_bw_GBps=1e12)
+
+
+def topo(links, n=2, alpha=1.0, bw=1.0, switch=False, oneway=False):
+    doc = {"name": "t", "gpus_per_node": n, "link_types": {"l": {"alpha_us": alpha, "bw_GBps": bw}}}
+    if switch:
+        doc["switches"] = [{"name": "sw", "gpus": list(range(n)), "type": "l"}]
+    else:
+        doc["links"] = [{"src": a, "dst": b, "type": "l", "bidirectional": not oneway} for a, b in links]
+    return Topology(spec_from_dict(doc), 1)
+
+
+def step(s, t, src=(Buf.INPUT, -1), dst=(Buf.OUTPUT, -1), cnt=1, dep=(-1, -1), hasdep=False):
+    return Step(s=s, type=t, srcbuf=src[0], srcoff=src[1], dstbuf=dst[0], dstoff=dst[1], cnt=cnt, depid=dep[0],
+                deps=dep[1], hasdep=hasdep)
+
+
+def program(gpus, nchunks=1, coll="custom", proto=Proto.SIMPLE):
+    return Program(name="t", collective=coll, proto=proto, nchannels=1, nchunksperloop=nchunks,
+                   ngpus=len(gpus), gpus=gpus)
+
+
+def one_send(cnt=1, nchunks=1):
+    return program([
+        Gpu(0, nchunks, nchunks, 0, [Threadblock(0, send=1, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 0), cnt=cnt)])]),
+        Gpu(1, nchunks, nchunks, 0, [Threadblock(0, recv=0, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0), cnt=cnt)])]),
+    ], nchunks)
+
+
+def test_single_send_is_alpha_plus_beta():
+    t = topo([(0, 1)], alpha=2.0, bw=1.0)  # 1 GB/s = 1000 bytes/us
+    r = simulate(one_send(), t, 4000, options=NOTILE)
+    assert r.time_us == pytest.approx(2.0 + 4.0)
+    assert r.algbw_GBps == pytest.approx(4000 / 6.0 / 1000)
+    r = simulate(one_send(cnt=2, nchunks=2), t, 4000, options=NOTILE)  # two chunks of 2000 bytes in one send
+    assert r.time_us == pytest.approx(2.0 + 4.0)
+
+
+def test_protocol_bandwidth_factor():
+    t = topo([(0, 1)], alpha=0.0, bw=1.0)
+    p = one_send()
+    p.proto = Proto.LL
+    assert simulate(p, t, 1000, options=NOTILE).time_us == pytest.approx(2.0)
+
+
+def test_switch_port_contention_and_parallel_links():
+    # rank 0 sends to 1 and 2 from two thread blocks; through one switch out-port they serialise
+    def prog():
+        return program([
+            Gpu(0, 1, 1, 0, [Threadblock(0, send=1, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 0))]),
+                             Threadblock(1, send=2, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 0))])]),
+            Gpu(1, 1, 1, 0, [Threadblock(0, recv=0, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0))])]),
+            Gpu(2, 1, 1, 0, [Threadblock(0, recv=0, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0))])]),
+        ])
+    sw = topo(None, n=3, alpha=1.0, bw=1.0, switch=True)
+    assert simulate(prog(), sw, 1000, options=NOTILE).time_us == pytest.approx(4.0)
+    direct = topo([(0, 1), (0, 2)], n=3, alpha=1.0, bw=1.0)
+    assert simulate(prog(), direct, 1000, options=NOTILE).time_us == pytest.approx(2.0)
+
+
+def test_relay_dependency_and_local_copy():
+    # 0 -> 1 (recv into o0), then another tb on 1 copies o0 -> o1 (dep), then sends o1 to 2
+    p = program([
+        Gpu(0, 1, 2, 0, [Threadblock(0, send=1, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 0))])]),
+        Gpu(1, 1, 2, 0, [Threadblock(0, recv=0, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0), hasdep=True)]),
+                         Threadblock(1, send=2, steps=[
+                             step(0, StepType.COPY, src=(Buf.OUTPUT, 0), dst=(Buf.OUTPUT, 1), dep=(0, 0)),
+                             step(1, StepType.SEND, src=(Buf.OUTPUT, 1))])]),
+        Gpu(2, 1, 2, 0, [Threadblock(0, recv=1, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0))])]),
+    ], nchunks=2)
+    t = topo([(0, 1), (1, 2)], n=3, alpha=1.0, bw=1.0)
+    opts = SimOptions(tiling=False, local_bw_GBps=1.0)
+    # chunk 1000 bytes: 2 us per hop, 1 us local copy
+    assert simulate(p, t, 2000, options=opts).time_us == pytest.approx(2.0 + 1.0 + 2.0)
+
+
+def test_fifo_depth_limits_run_ahead():
+    # sender issues 4 sends; receiver waits on a slow dependency before receiving: with Simple (depth 2)
+    # the 3rd send waits for the 1st receive
+    sends = [step(i, StepType.SEND, src=(Buf.INPUT, i)) for i in range(4)]
+    recvs = [step(i, StepType.RECV, dst=(Buf.OUTPUT, i)) for i in range(4)]
+    p = program([Gpu(0, 4, 4, 0, [Threadblock(0, send=1, steps=sends)]),
+                 Gpu(1, 4, 4, 0, [Threadblock(0, recv=0, steps=recvs)])], nchunks=4)
+    t = topo([(0, 1)], alpha=1.0, bw=1.0)
+    r = simulate(p, t, 4000, options=NOTILE)
+    assert r.time_us == pytest.approx(4 * 2.0)
+
+
+def test_tiling_replays_program():
+    t = topo([(0, 1)], alpha=1.0, bw=1.0)
+    p = one_send()
+    p.proto = Proto.LL  # 32 KiB tiles
+    sim = Simulator(p, t, SimOptions(proto_bw_factor=False))
+    r = sim.run(4 * 32 * 1024)
+    assert r.tiles == 4 and r.exact
+    assert r.time_us == pytest.approx(4 * (1.0 + 32 * 1024 / 1000.0))
+    big = sim.run(64 * 32 * 1024)  # more than max_exact_tiles: extrapolated
+    assert not big.exact and big.tiles == 64
+    assert big.time_us == pytest.approx(64 * (1.0 + 32 * 1024 / 1000.0), rel=1e-6)
+
+
+def test_missing_link_names_rank_tb_step():
+    t = topo([(1, 0)], alpha=1.0, bw=1.0, oneway=True)
+    with pytest.raises(UserError, match=r"rank 0 tb 0 step 0.*no link 0->1"):
+        simulate(one_send(), t, 1000)
+
+
+def test_fused_and_unfused_consistent():
+    t = load_topology("ndv2", 1)
+    fused = build("ring", t, "allreduce")
+    from taccl.baselines import build_dsl
+    unfused = build_dsl("ring", t, "allreduce").lower(fuse=False)
+    for size in (1 << 16, 1 << 24):
+        a = simulate(fused, t, size).time_us
+        b = simulate(unfused, t, size).time_us
+        assert a <= b * 1.05
+        assert b <= a * 3  # same transfers, same links: the same order of magnitude
+
+
+def test_busbw_factors():
+    assert busbw_factor("allreduce", 8) == pytest.approx(1.75)
+    assert busbw_factor("allgather", 4) == pytest.approx(0.75)
+    assert busbw_factor("broadcast", 4) == 1.0
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(SHARED, "*.xml"))))
+def test_shared_xmls_simulate(path):
+    prog = read_program(path)
+    if prog.ngpus == 8:
+        t = load_topology("dgx-a100", 1)
+    else:  # NCv4: 4 A100 over PCIe; any all-to-all fabric of 4 GPUs will do for the model
+        t = topo(None, n=prog.ngpus, alpha=1.0, bw=20.0, switch=True)
+    results = sweep(prog, t, [1024, 1 << 20, 1 << 26])
+    assert all(r.time_us > 0 for r in results)
+    assert results[0].time_us < results[-1].time_us
+
+
+def test_simulate_cli(tmp_path, capsys):
+    t = load_topology("dgx2", 1)
+    from taccl.lowering import write_program
+    write_program(build("direct", t, "alltoall"), tmp_path / "a2a.xml")
+    assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "dgx2", "--sizes", "1K:2M:32", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["size_bytes"] for r in doc["results"]] == [1000, 32000, 1024000]
+    assert all(r["time_us"] >= r["lower_bound_us"] for r in doc["results"])
+    assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "dgx2", "--sizes", "1M", "--no-tiling"]) == 0
+    assert "x bound" in capsys.readouterr().out
+    assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "ndv2", "--sizes", "1M"]) == 2
