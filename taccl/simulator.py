@@ -175,6 +175,14 @@ class Simulator:
         res_ids = {}
         for (src, dst, chan), c in sorted(conn_of.items(), key=lambda kv: kv[1]):
             sg, rg = conns[c][0], conns[c][1]
+            if (sg is None or self.nsend[sg] == 0) and (rg is None or self.nrecv[rg] == 0):
+                # a peer named but never used (the checker's tb.unused-peer): no connection
+                self.conn_sender.append(-1)
+                self.conn_receiver.append(-1)
+                self.conn_alpha.append(0.0)
+                self.conn_bpus.append(1.0)
+                self.conn_res.append(())
+                continue
             if sg is None or rg is None:
                 G = sg if sg is not None else rg
                 r, tbid = self.where[G]

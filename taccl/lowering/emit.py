@@ -177,8 +177,10 @@ def emit(tbs, coll, *, name: str, instances: int, proto: str, min_bytes: int, ma
                         if c.depid >= 0:
                             c.depid = i * L + c.depid
                     steps.append(c)
-                out_tbs.append(Threadblock(id=i * L + j, send=tb.send, recv=tb.recv, chan=tb.ch + i * nch,
-                                           steps=steps))
+                sends = any(st.type.is_send_type for st in steps)
+                recvs = any(st.type.is_recv_type for st in steps)
+                out_tbs.append(Threadblock(id=i * L + j, send=tb.send if sends else -1,
+                                           recv=tb.recv if recvs else -1, chan=tb.ch + i * nch, steps=steps))
         _renumber_targets(out_tbs)
         gpus.append(Gpu(id=r, i_chunks=N * coll.input_chunks, o_chunks=N * coll.output_chunks,
                         s_chunks=N * scratch[r], threadblocks=out_tbs))
