@@ -50,7 +50,6 @@ Examples
 from __future__ import annotations
 
 import heapq
-from functools import lru_cache
 
 from .collectives import ALIASES, NAMES
 from .errors import UserError
