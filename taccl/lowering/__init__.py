@@ -95,17 +95,27 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
     # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
     modes = ["natural", "safe", None] if opts.fuse else [None]
-    attempts = [(m, cap) for m in modes for cap in range(opts.max_steps, 7, -8)]
+    attempts = [(m, cap, False) for m in modes for cap in range(opts.max_steps, 7, -8)]
     last_problems = []
-    for mode, cap in attempts:
+    packed = False
+    k = 0
+    while k < len(attempts):
+        mode, cap, pack = attempts[k]
+        k += 1
         with _no_gc():
-            program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs)
+            program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack)
         if program is None:
             continue  # this fusion mode does not apply
         problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
         if problems:
             last_problems = problems
-            if any("steps" in p for p in problems) and len(problems) == 1:
+            if len(problems) == 1 and "thread blocks" in problems[0] and not packed:
+                # too many thread blocks: pack connections into shared thread blocks, same modes again
+                packed = True
+                attempts = [(m, c, True) for m, c, _ in attempts[k - 1:]]
+                k = 0
+                continue
+            if len(problems) == 1 and "steps" in problems[0]:
                 continue  # nops pushed a block over the limit: retry with a lower cap per block
             break
         if opts.check:
@@ -130,13 +140,13 @@ def _no_gc():
             gc.enable()
 
 
-def _build(ops, coll, name, opts, mode, cap, per_instance_tbs) -> Program | None:
+def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False) -> Program | None:
     instrs = generate(ops, coll.num_ranks)
     if mode is not None and not fuse(instrs, mode=mode):
         return None
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
-                       max_tbs=per_instance_tbs)
+                       max_tbs=per_instance_tbs, pack=pack)
         scratch = compact_scratch(tbs, coll.num_ranks)
         return emit(tbs, coll, name=name, instances=opts.instances, proto=opts.proto, min_bytes=opts.min_bytes,
                     max_bytes=opts.max_bytes, scratch=scratch)

@@ -50,7 +50,9 @@ class TB:
 
 
 class _State:
-    def __init__(self, step_cap):
+    def __init__(self, step_cap, pack=False):
+        self.pack = pack  # put a new connection into an existing tb that lacks that direction
+        self.by_rc = {}  # (rank, ch) -> tbs
         self.owner = {}  # (rank, ch, "S"|"R", peer) -> TB
         self.nsend = {}  # (rank, ch) -> sending tbs
         self.nrecv = {}
@@ -71,6 +73,7 @@ class _State:
     def _new_tb(self, rank, ch):
         tb = TB(rank, ch)
         self.tbs.append(tb)
+        self.by_rc.setdefault((rank, ch), []).append(tb)
         self.log.append(("tb", tb))
         return tb
 
@@ -96,7 +99,8 @@ class _State:
             elif kind == "inc":
                 entry[1][entry[2]] -= 1
             elif kind == "tb":
-                self.tbs.pop()
+                tb = self.tbs.pop()
+                self.by_rc[(tb.rank, tb.ch)].pop()
             elif kind == "peer":
                 setattr(entry[1], entry[2], entry[3])
             elif kind == "step":
@@ -105,6 +109,15 @@ class _State:
                 tb.instrs.pop()
                 ins.tb = ins.ch = None
         self.log = None
+
+    def _packable(self, r, ch, attr):
+        """With ``pack``: an existing tb of (rank, channel) whose `attr` peer is still free."""
+        if not self.pack:
+            return None
+        for tb in self.by_rc.get((r, ch), ()):
+            if getattr(tb, attr) < 0 and tb.nsteps < self.step_cap:
+                return tb
+        return None
 
     def _pair_hint(self, tb, r, ch, direction, peer):
         """A new one-connection tb takes the partner connection that a fused instruction will need."""
@@ -163,7 +176,7 @@ class _State:
             if tb is None:
                 if self.nsend.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
                     return False
-                tb = self._new_tb(r, ch)
+                tb = self._packable(r, ch, "send") or self._new_tb(r, ch)
                 self._set_peer(tb, "send", sp)
                 self._set_owner((r, ch, "S", sp), tb)
                 self._inc(self.nsend, (r, ch))
@@ -173,7 +186,7 @@ class _State:
             if tb is None:
                 if self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
                     return False
-                tb = self._new_tb(r, ch)
+                tb = self._packable(r, ch, "recv") or self._new_tb(r, ch)
                 self._set_peer(tb, "recv", rp)
                 self._set_owner((r, ch, "R", rp), tb)
                 self._inc(self.nrecv, (r, ch))
@@ -231,10 +244,13 @@ def _unfuse(x: Instr, instrs: list) -> tuple:
     return x, y
 
 
-def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, max_tbs: int) -> list:
-    """Assign channels and thread blocks; returns the TBs (instructions in key order, ``index`` unset)."""
+def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, max_tbs: int,
+             pack: bool = False) -> list:
+    """Assign channels and thread blocks; returns the TBs (instructions in order, ``index`` unset).
+    ``pack`` puts each new connection into an existing tb of its channel that lacks that direction
+    (fewer thread blocks, less concurrency); the caller uses it when a rank has too many."""
     live = [i for i in instrs if not i.dead]
-    st = _State(step_cap)
+    st = _State(step_cap, pack)
     for ins in sorted(live, key=lambda i: i.pos):
         if ins.send_peer >= 0 and ins.recv_peer >= 0:
             st.hints.setdefault((ins.rank, "S", ins.send_peer), ins.recv_peer)
