@@ -55,14 +55,12 @@ def parse_size_range(text: str, *, where: str = "--sizes") -> list[int]:
 
 
 def format_size(nbytes: int) -> str:
-    """Short human form: 1048576 -> '1MiB', 1000000 -> '1MB', 1536 -> '1536B'."""
-    for unit, base in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    """Shortest exact human form: 1048576 -> '1MiB', 64000000 -> '64MB', 1536 -> '1536B'."""
+    forms = [f"{nbytes}B"]
+    for unit, base in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if nbytes >= base and nbytes % base == 0:
-            return f"{nbytes // base}{unit}"
-    for unit, base in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if nbytes >= base and nbytes % base == 0:
-            return f"{nbytes // base}{unit}"
-    return f"{nbytes}B"
+            forms.append(f"{nbytes // base}{unit}")
+    return min(forms, key=len)
 
 
 def transfer_time_us(nbytes: float, alpha_us: float, bw_GBps: float) -> float:
