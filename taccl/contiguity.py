@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import solver as milp
-from .ordering import Schedule, Task
+from .ordering import Schedule, Task, topological_order
 from .progress import SILENT
 
 
@@ -81,20 +81,7 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
                 seq.append(gof[i])
         for a, b in zip(seq, seq[1:]):
             preds[b].add(a)
-    order = []
-    ready = sorted((h for h, p in preds.items() if not p), key=lambda h: sched.start[h])
-    succs = {h: [] for h in groups}
-    for h, ps in preds.items():
-        for p in ps:
-            succs[p].append(h)
-    indeg = {h: len(ps) for h, ps in preds.items()}
-    while ready:
-        h = ready.pop()
-        order.append(h)
-        for s in succs[h]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
+    order = topological_order(preds)
     for h in order:
         g = groups[h]
         first = tasks[g.tasks[0]]

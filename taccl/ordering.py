@@ -45,7 +45,7 @@ def _priorities(tasks):
     for t in tasks:
         for p in t.preds:
             succs[p].append(t.id)
-    topo = _topological(tasks, succs)
+    topo = topological_order({t.id: t.preds for t in tasks})
     travelled = [0.0] * len(tasks)
     for i in topo:
         for s in succs[i]:
@@ -56,19 +56,24 @@ def _priorities(tasks):
     return remaining, travelled, succs
 
 
-def _topological(tasks, succs):
-    indeg = [len(t.preds) for t in tasks]
-    queue = [t.id for t in tasks if not t.preds]
+def topological_order(preds: dict) -> list:
+    """Kahn's order of a DAG given as {node: iterable of predecessors}; raises on a cycle."""
+    succs = {n: [] for n in preds}
+    for n, ps in preds.items():
+        for p in ps:
+            succs[p].append(n)
+    indeg = {n: len(ps) for n, ps in preds.items()}
+    queue = [n for n, d in indeg.items() if d == 0]
     out = []
     while queue:
-        i = queue.pop()
-        out.append(i)
-        for s in succs[i]:
+        n = queue.pop()
+        out.append(n)
+        for s in succs[n]:
             indeg[s] -= 1
             if indeg[s] == 0:
                 queue.append(s)
-    if len(out) != len(tasks):
-        raise ValueError("task dependencies form a cycle")
+    if len(out) != len(preds):
+        raise ValueError("dependencies form a cycle")
     return out
 
 
