@@ -9,7 +9,10 @@ Model (alpha-beta with exclusive resources, the model the synthesizer optimises)
 - A send is one transfer over `Topology.link(src, dst)`: it holds every exclusive resource of the link (the
   direct link, the switch out- and in-ports, the NICs) for ``alpha + bytes / bw``; transfers are granted
   first come, first served by ready time. ``bw`` is scaled by the protocol's efficiency (LL moves 8 bytes
-  per 16 on the wire, so x0.5; LL128 x0.92, NCCL's ring factors, ``shared/docs/reference-numbers.md``).
+  per 16 on the wire, so x0.5; LL128 x0.92, NCCL's ring factors, ``shared/docs/reference-numbers.md``), and
+  ``alpha`` by the protocol's latency relative to Simple (LL x0.18, LL128 x0.56: NCCL's ring hardware
+  latencies over NVLink, 0.6 / 1.9 / 3.4 us; over the network they are 2.7 / 4.0 / 14 us, about the same LL
+  ratio). Without it LL would never win at small sizes, which is where every runtime uses it.
 - Local ``cpy``/``re`` take ``bytes / local_bw_GBps``; reductions folded into receives are free.
 - Tiling (on by default, ``tiling=False`` / ``--no-tiling`` to turn off): the runtime cuts each chunk of
   S = size / nchunksperloop bytes into tiles (Simple 2 MiB, LL 32 KiB, LL128 576,000 B; section 1.8) and
@@ -31,10 +34,11 @@ from .errors import CheckFailed, UserError
 from .program import Program, Proto, StepType
 
 __all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TILE_BYTES", "PROTO_BW_FACTOR",
-           "Simulator"]
+           "PROTO_ALPHA_FACTOR", "Simulator"]
 
 TILE_BYTES = {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}
 PROTO_BW_FACTOR = {Proto.SIMPLE: 1.0, Proto.LL: 0.5, Proto.LL128: 0.92}
+PROTO_ALPHA_FACTOR = {Proto.SIMPLE: 1.0, Proto.LL: 0.6 / 3.4, Proto.LL128: 1.9 / 3.4}
 
 _SEND, _RECV, _LOCAL = 1, 2, 4
 
@@ -57,6 +61,7 @@ class SimOptions:
     max_exact_tiles: int = 16
     local_bw_GBps: float = 400.0  # on-GPU copy (read + write of HBM) [I]
     proto_bw_factor: bool = True
+    proto_alpha_factor: bool = True
 
 
 @dataclass
@@ -171,6 +176,7 @@ class Simulator:
                     self.hasdep[dg][ds] = True
         # links and matching
         factor = PROTO_BW_FACTOR[self.proto] if self.opts.proto_bw_factor else 1.0
+        alpha_factor = PROTO_ALPHA_FACTOR[self.proto] if self.opts.proto_alpha_factor else 1.0
         self.conn_sender, self.conn_receiver, self.conn_alpha, self.conn_bpus, self.conn_res = [], [], [], [], []
         res_ids = {}
         for (src, dst, chan), c in sorted(conn_of.items(), key=lambda kv: kv[1]):
@@ -199,7 +205,7 @@ class Simulator:
                                 f"{self.topo.name!r} has no link {src}->{dst}")
             self.conn_sender.append(sg)
             self.conn_receiver.append(rg)
-            self.conn_alpha.append(link.alpha_us)
+            self.conn_alpha.append(link.alpha_us * alpha_factor)
             self.conn_bpus.append(link.bw_GBps * 1000.0 * factor)  # bytes per microsecond
             self.conn_res.append(tuple(res_ids.setdefault(res, len(res_ids)) for res in link.resources))
         self.nres = len(res_ids)

@@ -108,13 +108,28 @@ def test_tiling_replays_program():
     t = topo([(0, 1)], alpha=1.0, bw=1.0)
     p = one_send()
     p.proto = Proto.LL  # 32 KiB tiles
-    sim = Simulator(p, t, SimOptions(proto_bw_factor=False))
+    sim = Simulator(p, t, SimOptions(proto_bw_factor=False, proto_alpha_factor=False))
     r = sim.run(4 * 32 * 1024)
     assert r.tiles == 4 and r.exact
     assert r.time_us == pytest.approx(4 * (1.0 + 32 * 1024 / 1000.0))
     big = sim.run(64 * 32 * 1024)  # more than max_exact_tiles: extrapolated
     assert not big.exact and big.tiles == 64
     assert big.time_us == pytest.approx(64 * (1.0 + 32 * 1024 / 1000.0), rel=1e-6)
+
+
+def test_protocol_trades_latency_for_bandwidth():
+    # LL pays NCCL's lower per-hop latency (x0.18) but moves half the bytes per wire byte: it wins small
+    # messages, Simple wins large ones
+    t = topo([(0, 1)], alpha=3.4, bw=10.0)
+    times = {}
+    for proto in (Proto.SIMPLE, Proto.LL):
+        p = one_send()
+        p.proto = proto
+        times[proto] = [simulate(p, t, size, options=NOTILE).time_us for size in (1000, 10_000_000)]
+    assert times[Proto.LL][0] == pytest.approx(0.6 + 1000 / 5000.0)
+    assert times[Proto.SIMPLE][0] == pytest.approx(3.4 + 1000 / 10000.0)
+    assert times[Proto.LL][0] < times[Proto.SIMPLE][0]
+    assert times[Proto.LL][1] > times[Proto.SIMPLE][1]
 
 
 def test_missing_link_names_rank_tb_step():

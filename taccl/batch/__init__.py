@@ -1,0 +1,148 @@
+"""Batch synthesis for a cluster SKU: every algorithm its jobs need, verified, selected by message size.
+
+    sku = load_sku("sketches/skus/ndv2.yaml")     # taccl.batch.sku: every problem in the file at once
+    tasks = plan(sku)                            # taccl.batch.jobs: syntheses and baselines, keyed by inputs
+    run the tasks not in the cache               # taccl.batch.executors: local processes or Ray
+    selection = select(sku, tasks, store)        # taccl.batch.selection: winner per size, merged windows
+    write_outputs(...); write_report(...)        # XML per window, selection.csv/json, report.md + plots
+
+`run_batch(sku_path, outdir, ...) -> BatchResult` does all of it; `taccl batch` is its command line.
+
+Output directory:
+
+    OUTDIR/cache/                 one JSON record per result key (synthesis, program, simulation)
+    OUTDIR/msccl-algorithms/      one proven XML per winning window: MSCCL_ALGO_DIR, or list in MSCCL_XML_FILES
+    OUTDIR/selection.csv, .json   the selection table (and, in JSON, every contender's time per size)
+    OUTDIR/report.md, plots/      algbw against size per collective, speedups, synthesis cost
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..progress import SILENT
+from .cache import OutdirLock, Store
+from .executors import EXECUTORS, run_local, run_ray
+from .jobs import Task, plan
+from .selection import Selection, select, write_outputs
+from .sku import Sku, load_sku
+
+__all__ = ["run_batch", "BatchResult", "load_sku", "plan", "select", "EXECUTORS"]
+
+
+@dataclass
+class BatchResult:
+    sku: Sku
+    selection: Selection
+    outdir: Path
+    computed: int  # tasks run this time
+    cached: int  # tasks entirely answered by the cache
+    failed: int  # tasks with at least one failed result
+    wall_s: float
+
+
+class Progress:
+    """Jobs done / running / failed, elapsed time and an estimate of what is left, as lines on stderr."""
+
+    def __init__(self, total: int, workers: int, report, *, every_s: float = 15.0):
+        self.total, self.workers, self.report, self.every_s = total, workers, report, every_s
+        self.done = self.failed = self.running = 0
+        self.durations = []
+        self.start = self.last = time.monotonic()
+
+    def started(self, task: Task) -> None:
+        self.running += 1
+        self.report(f"start {task.label} ({task.kind}, {task.collective}, {task.nodes} node(s))")
+
+    def finished(self, task: Task, seconds: float, *, failed: bool) -> None:
+        self.running -= 1
+        self.done += 1
+        self.failed += failed
+        self.durations.append(seconds)
+        self.report(f"{'FAILED' if failed else 'done'} {task.label} in {seconds:.1f} s; {self.line()}")
+
+    def tick(self) -> None:
+        if time.monotonic() - self.last >= self.every_s:
+            self.report(self.line())
+
+    def line(self) -> str:
+        self.last = now = time.monotonic()
+        left = self.total - self.done
+        eta = ""
+        if self.durations and left:
+            per = sum(self.durations) / len(self.durations)
+            eta = f", ~{_hms(per * left / max(1, min(self.workers, left)))} left"
+        return (f"jobs {self.done}/{self.total} done, {self.running} running, {self.failed} failed; "
+                f"elapsed {_hms(now - self.start)}{eta}")
+
+
+def _hms(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _reusable(record, sku: Sku, retry_failed: bool) -> bool:
+    if record is None:
+        return False
+    if record.get("status") == "ok":
+        return True
+    if retry_failed:
+        return False
+    # a timeout is retried when the limit has grown since; any other failure is a result like any other
+    return record.get("timeout_s") is None or record["timeout_s"] >= sku.job_timeout_s
+
+
+def _prepare(tasks: list, store: Store, sku: Sku, retry_failed: bool) -> tuple:
+    """Mark each task's cached results; return (tasks with work left, keys answered by the cache)."""
+    todo, cached = [], set()
+    for task in tasks:
+        records = {k: store.get(k) for k in task.keys()}
+        task.done = {k for k, r in records.items() if _reusable(r, sku, retry_failed)}
+        cached |= task.done
+        if len(task.done) == len(records):
+            continue
+        # hand the worker the cached inputs of what it must compute, so it never reads the store
+        if task.kind == "synthesis" and task.key in task.done:
+            task.cached[task.key] = records[task.key]
+        for p in task.programs:
+            if p.key in task.done and p.sim_key not in task.done:
+                task.cached[p.key] = records[p.key]
+        todo.append(task)
+    return todo, cached
+
+
+def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: str = "local",
+              ray_address: str | None = None, retry_failed: bool = False, report=SILENT,
+              plots: bool = True) -> BatchResult:
+    t0 = time.monotonic()
+    sku = load_sku(sku_path)
+    if executor not in EXECUTORS:
+        raise UserError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}", where="--executor")
+    workers = workers or max(1, (os.cpu_count() or 1) // max(1, sku.threads))
+    if workers < 1:
+        raise UserError("must be at least 1", where="--workers")
+    outdir = Path(outdir or f"batch-{sku.name}")
+    tasks = plan(sku)
+    with OutdirLock(outdir):
+        store = Store(outdir / "cache")
+        store.remove_temporaries()
+        todo, cached_keys = _prepare(tasks, store, sku, retry_failed)
+        report(f"{sku.name}: {len(tasks)} jobs ({sum(t.kind == 'synthesis' for t in tasks)} syntheses), "
+               f"{len(tasks) - len(todo)} answered by the cache, {len(todo)} to run on {workers} {executor} worker(s)")
+        progress = Progress(len(todo), workers, report)
+        if todo:
+            run = run_ray if executor == "ray" else run_local
+            kw = {"address": ray_address} if executor == "ray" else {}
+            run(todo, store, workers=workers, timeout_s=sku.job_timeout_s, progress=progress, **kw)
+        report("selecting the fastest program per size and writing the XML programs")
+        selection = select(sku, tasks, store, cached_keys=cached_keys)
+        write_outputs(selection, outdir, store, emit_baselines=sku.emit_baselines)
+        from .report import write_report
+
+        write_report(selection, outdir, sku, plots=plots, wall_s=time.monotonic() - t0)
+    failed = sum(1 for j in selection.jobs if j.status != "ok")
+    return BatchResult(sku=sku, selection=selection, outdir=outdir, computed=len(todo),
+                       cached=len(tasks) - len(todo), failed=failed, wall_s=time.monotonic() - t0)

@@ -1,0 +1,276 @@
+"""The work of a batch: plan it from a SKU, key every result by the hash of its inputs, and run one task.
+
+Three kinds of result, each stored under its own key (`taccl.batch.cache`):
+
+    synthesis   sketch variant + topology + nodes + collective + input size + solver settings -> Algorithm
+    program     a synthesis (or a baseline) lowered with one protocol and instance count, proven -> XML
+    simulation  a program simulated on the SKU's size grid -> time and algbw per size
+
+A key hashes everything the result depends on, the tool's version and a digest of its source included, so
+a rerun reuses exactly what is still valid and a changed input or a new release recomputes. A `Task` is
+what one worker runs: one synthesis and all its lowerings and simulations, or one baseline in all its
+variants. `execute(task, emit)` calls `emit(record)` as each result is ready, so a worker killed half-way
+keeps what it finished.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+from .. import __version__
+from ..errors import TacclError
+from ..units import format_size
+from .sku import Sku
+
+CACHE_FORMAT = 1
+
+
+@lru_cache(maxsize=None)
+def tool_version() -> str:
+    """The release plus a digest of the package's Python sources: edited code never reuses stale results."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")) + sorted(root.rglob("*.json")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(p.read_bytes())
+    return f"{__version__}+{h.hexdigest()[:12]}"
+
+
+def _package_version(solver: str) -> str:
+    dist = {"highs": "highspy", "gurobi": "gurobipy", "cbc": "PuLP"}.get(solver, solver)
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def digest(inputs: dict) -> str:
+    text = json.dumps({"format": CACHE_FORMAT, "tool": tool_version(), **inputs}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class ProgramJob:
+    """One program that competes in the selection: a lowering of a synthesis, or a baseline variant."""
+
+    key: str
+    sim_key: str
+    label: str  # unique within (collective, nodes), used in tables, plots and file names
+    kind: str  # "synthesized" | "baseline"
+    source: str  # candidate or baseline name
+    proto: str
+    instances: int
+
+
+@dataclass
+class Task:
+    kind: str  # "synthesis" | "baseline"
+    key: str  # the synthesis key, or the baseline's own
+    label: str
+    collective: str
+    nodes: int
+    topology: str
+    grid: tuple
+    programs: list
+    max_tbs: int = 108
+    # synthesis
+    sketch_path: str | None = None
+    sketch_doc: dict | None = None
+    size_bytes: int = 0
+    solver: dict = field(default_factory=dict)
+    # baseline
+    baseline: str | None = None
+    # filled by the scheduler from the cache, so a worker never needs to read it
+    done: set = field(default_factory=set)
+    cached: dict = field(default_factory=dict)
+
+    def keys(self) -> list:
+        out = [self.key] if self.kind == "synthesis" else []
+        for p in self.programs:
+            out += [p.key, p.sim_key]
+        return out
+
+
+def _variant_doc(doc: dict, chunkup, policy) -> dict:
+    doc = copy.deepcopy(doc)
+    if chunkup is not None:
+        doc.setdefault("hyperparameters", {})["input_chunkup"] = chunkup
+    if policy is not None:
+        intra = doc.setdefault("intranode_sketch", {})
+        intra["switch_hyperedge_strategy"] = [policy] * len(intra.get("switches", []))
+    return doc
+
+
+def plan(sku: Sku) -> list:
+    """Every task of the SKU, in a deterministic order (candidates first: they take longest)."""
+    from ..simulator import SimOptions
+
+    topo_fp = hashlib.sha256(json.dumps(sku.spec.raw, sort_keys=True).encode()).hexdigest()
+    sim_opts = asdict(SimOptions())
+    solver = {"name": sku.solver, "version": _package_version(sku.solver), "time_limit_s": sku.time_limit_s,
+              "threads": sku.threads, "seed": sku.seed}
+    grid = list(sku.grid)
+
+    def program(key, label, kind, source, proto, inst, nodes):
+        sim_key = digest({"kind": "simulation", "program": key, "topology": topo_fp, "nodes": nodes, "sizes": grid,
+                          "options": sim_opts})
+        return ProgramJob(key=key, sim_key=sim_key, label=label, kind=kind, source=source, proto=proto, instances=inst)
+
+    tasks = []
+    for n in sku.nodes:
+        for coll in sku.collectives:
+            for cand in sku.candidates:
+                if coll not in cand.collectives or n not in cand.nodes:
+                    continue
+                for size in cand.synthesis_sizes:
+                    for chunkup in cand.chunkups:
+                        for policy in cand.switch_policies:
+                            doc = _variant_doc(cand.sketch_doc, chunkup, policy)
+                            label = cand.name + (f".c{chunkup}" if chunkup else "") + (f".{policy}" if policy else "")
+                            label += f"@{format_size(size)}"
+                            key = digest({"kind": "synthesis", "sketch": doc, "topology": topo_fp, "nodes": n,
+                                          "collective": coll, "size": size, "solver": solver})
+                            progs = []
+                            for proto in cand.protocols:
+                                for inst in cand.instances:
+                                    pkey = digest({"kind": "program", "synthesis": key, "proto": proto,
+                                                   "instances": inst, "max_tbs": sku.max_tbs})
+                                    plabel = f"{label}/{proto}" + (f".i{inst}" if inst > 1 else "")
+                                    progs.append(program(pkey, plabel, "synthesized", cand.name, proto, inst, n))
+                            tasks.append(Task(kind="synthesis", key=key, label=label, collective=coll, nodes=n,
+                                              topology=sku.topology, grid=sku.grid, programs=progs, max_tbs=sku.max_tbs,
+                                              sketch_path=cand.sketch_path, sketch_doc=doc, size_bytes=size,
+                                              solver=solver))
+    from ..baselines import BASELINES, applicable
+    from ..topology import Topology
+
+    for n in sku.nodes:
+        topo = Topology(sku.spec, n)
+        for coll in sku.collectives:
+            for name in sku.baseline_names:
+                if coll not in BASELINES[name] or not applicable(name, topo, coll):
+                    continue  # a baseline for another collective, or one needing links this topology lacks
+                progs = []
+                for proto in sku.baseline_protocols:
+                    for inst in sku.baseline_instances:
+                        pkey = digest({"kind": "program", "baseline": name, "topology": topo_fp, "nodes": n,
+                                       "collective": coll, "proto": proto, "instances": inst, "max_tbs": sku.max_tbs})
+                        plabel = f"{name}/{proto}" + (f".i{inst}" if inst > 1 else "")
+                        progs.append(program(pkey, plabel, "baseline", name, proto, inst, n))
+                key = digest({"kind": "baseline", "programs": [p.key for p in progs]})
+                tasks.append(Task(kind="baseline", key=key, label=f"{name} {coll} x{n}", collective=coll, nodes=n,
+                                  topology=sku.topology, grid=sku.grid, programs=progs, max_tbs=sku.max_tbs,
+                                  baseline=name))
+    return tasks
+
+
+# ------------------------------------------------------------------------------------------------------
+# Running one task (in a worker process, a Ray worker, or inline)
+
+def failure(key: str, kind: str, reason: str, **extra) -> dict:
+    return {"key": key, "kind": kind, "status": "failed", "reason": reason, **extra}
+
+
+def _reason(exc: BaseException) -> tuple:
+    """(one-line reason, traceback or None): user-facing errors are expected, anything else is a bug."""
+    if isinstance(exc, TacclError):
+        return str(exc).strip(), None
+    return f"internal error: {type(exc).__name__}: {exc}", traceback.format_exc()
+
+
+def execute(task: Task, emit) -> None:
+    """Compute every result of `task` not in `task.done`; `emit(record)` each one as soon as it exists."""
+    from ..topology import Topology, load_spec
+
+    topo = Topology(load_spec(task.topology), task.nodes)
+    algo = task.cached.get(task.key)
+    if task.kind == "synthesis" and task.key not in task.done:
+        record = _synthesize(task)
+        emit(record)
+        algo = record
+    for prog in task.programs:
+        xml = task.cached.get(prog.key)
+        if prog.key not in task.done:
+            if task.kind == "synthesis" and (algo is None or algo["status"] != "ok"):
+                why = algo["reason"] if algo else "no synthesis"
+                xml = failure(prog.key, "program", f"synthesis failed: {why}", label=prog.label)
+            else:
+                xml = _lower(task, prog, algo, topo)
+            emit(xml)
+        if prog.sim_key not in task.done:
+            if xml is None or xml["status"] != "ok":
+                emit(failure(prog.sim_key, "simulation", xml["reason"] if xml else "no program", label=prog.label))
+            else:
+                emit(_simulate(task, prog, xml, topo))
+
+
+def _synthesize(task: Task) -> dict:
+    from ..sketch import sketch_from_dict
+    from ..synthesize import SynthesisOptions, synthesize
+
+    t0 = time.monotonic()
+    s = task.solver
+    try:
+        sketch = sketch_from_dict(task.sketch_doc, path=task.sketch_path)
+        algo = synthesize(sketch, topology=task.topology, nodes=task.nodes, collective=task.collective,
+                          input_size=str(task.size_bytes), name=task.label.replace("@", "-"),
+                          options=SynthesisOptions(solver=s["name"], time_limit_s=s["time_limit_s"],
+                                                   threads=s["threads"], seed=s["seed"]))
+    except Exception as exc:  # a failed job is a result too: reported, and the others go on
+        reason, tb = _reason(exc)
+        return failure(task.key, "synthesis", reason, label=task.label, traceback=tb,
+                       time_s=round(time.monotonic() - t0, 3))
+    return {"key": task.key, "kind": "synthesis", "status": "ok", "label": task.label,
+            "time_s": round(time.monotonic() - t0, 3), "predicted_us": algo.time_us,
+            "lower_bound_us": algo.lower_bound_us, "stages": algo.stages, "notes": algo.notes,
+            "algorithm": algo.to_json()}
+
+
+def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
+    from ..algorithm import Algorithm
+    from ..xmlio import program_to_xml
+
+    t0 = time.monotonic()
+    try:
+        if task.kind == "synthesis":
+            from ..lowering import lower
+
+            algo = Algorithm.from_json(algo_record["algorithm"])
+            program = lower(algo, instances=prog.instances, proto=prog.proto, max_tbs=task.max_tbs,
+                            name=prog.label)
+        else:
+            from ..baselines import build
+
+            program = build(task.baseline, topo, task.collective, instances=prog.instances, proto=prog.proto,
+                            max_tbs=task.max_tbs)
+            program.name = prog.label
+    except Exception as exc:
+        reason, tb = _reason(exc)
+        return failure(prog.key, "program", reason, label=prog.label, traceback=tb)
+    return {"key": prog.key, "kind": "program", "status": "ok", "label": prog.label,
+            "time_s": round(time.monotonic() - t0, 3), "nchannels": program.nchannels,
+            "threadblocks": program.max_threadblocks, "steps": program.nsteps, "xml": program_to_xml(program)}
+
+
+def _simulate(task: Task, prog: ProgramJob, xml_record, topo) -> dict:
+    from ..simulator import Simulator
+    from ..xmlio import parse_xml
+
+    t0 = time.monotonic()
+    try:
+        program = parse_xml(xml_record["xml"]).program
+        sim = Simulator(program, topo)
+        results = [sim.run(s) for s in task.grid]
+    except Exception as exc:
+        reason, tb = _reason(exc)
+        return failure(prog.sim_key, "simulation", reason, label=prog.label, traceback=tb)
+    return {"key": prog.sim_key, "kind": "simulation", "status": "ok", "label": prog.label,
+            "time_s": round(time.monotonic() - t0, 3), "sizes": [r.size_bytes for r in results],
+            "time_us": [r.time_us for r in results], "algbw_GBps": [r.algbw_GBps for r in results]}

@@ -1,0 +1,157 @@
+"""The batch report: `OUTDIR/report.md` with one PNG per (collective, node count) under `OUTDIR/plots/`.
+
+Each plot shows algorithm bandwidth against message size for every contender (synthesized: solid, baselines:
+dashed), the selected program per size (thick band) and the lower bound's bandwidth (size / bound: no
+algorithm can be above it). The Markdown gives, per group, the windows with their winner and speedup over
+the best baseline, every failed job with its reason, the synthesis cost, and how to point a runtime at
+the files.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..fileio import atomic_write
+from ..units import format_size
+from .selection import Group, Selection
+
+PLOT_DIR = "plots"
+
+
+def _x(w) -> str:
+    lo, hi = w.speedup_range
+    if lo is None:
+        return "-"
+    return f"{lo:.2f}x" if abs(hi - lo) < 0.005 else f"{lo:.2f}x - {hi:.2f}x"
+
+
+def _span(w) -> str:
+    hi = "inf" if w.max_bytes == 0 else format_size(w.max_bytes)
+    return f"{format_size(w.min_bytes)} - {hi}"
+
+
+def _grid(w) -> str:
+    a, b = format_size(w.sizes[0]), format_size(w.sizes[-1])
+    return a if a == b else f"{a} - {b}"
+
+
+def plot_group(g: Group, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    ok = [c for c in g.contenders if c.status == "ok"]
+    for c in sorted(ok, key=lambda c: (c.kind, c.label)):
+        style = "-" if c.kind == "synthesized" else "--"
+        ax.plot(g.sizes, c.algbw_GBps, style, linewidth=1.0, marker="." if c.kind == "synthesized" else None,
+                markersize=3, label=f"{c.label}" + (" (baseline)" if c.kind == "baseline" else ""))
+    by_label = {c.label: c for c in ok}
+    sel_x, sel_y = [], []
+    for w in g.windows:
+        for s in w.sizes:
+            if w.winner:
+                i = g.sizes.index(s)
+                sel_x.append(s)
+                sel_y.append(by_label[w.winner].algbw_GBps[i])
+    if sel_x:
+        ax.plot(sel_x, sel_y, "-", color="tab:green", linewidth=7, alpha=0.25, label="selected", zorder=0)
+    bound = [(s / t / 1000.0) if t else None for s, t in zip(g.sizes, g.lower_bound_us)]
+    if any(b is not None for b in bound):
+        ax.plot(g.sizes, bound, ":", color="black", linewidth=1.5, label="lower bound (size / bound)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = g.sizes[::max(1, len(g.sizes) // 10)]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([format_size(s) for s in ticks], rotation=45, ha="right")
+    ax.set_xlabel("message size (bytes of the full buffer)")
+    ax.set_ylabel("algorithm bandwidth (GB/s)")
+    ax.set_title(f"{g.collective}, {g.nodes} node(s), {g.ranks} GPUs")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def plot_name(g: Group) -> str:
+    return f"{PLOT_DIR}/{g.collective}-{g.ranks}r.png"
+
+
+def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = None) -> str:
+    out = [f"# Batch synthesis report: {selection.sku}", ""]
+    out.append(f"Topology `{selection.topology}`, node counts {', '.join(map(str, sku.nodes))}, collectives "
+               f"{', '.join(sku.collectives)}; sizes {format_size(selection.grid[0])} to {format_size(selection.grid[-1])} "
+               f"({len(selection.grid)} points). Solver {sku.solver}, {sku.time_limit_s:g} s per MILP stage. "
+               f"taccl {selection.tool}." + (f" Batch wall time {wall_s:.0f} s." if wall_s is not None else ""))
+    out += ["", "Times are the simulator's (alpha-beta with link, switch-port and NIC contention, runtime tiling). "
+            "Speedup is the best baseline's time divided by the selected program's, per grid size in the window.", ""]
+    out += ["## At a glance", "", "| collective | nodes | GPUs | synthesized wins | speedup over best baseline | "
+            "baseline wins | failed jobs |", "|---|---|---|---|---|---|---|"]
+    for g in selection.groups:
+        syn = [w for w in g.windows if w.kind == "synthesized"]
+        base = [w for w in g.windows if w.kind == "baseline"]
+        sp = [s for w in syn for s in w.speedup if s is not None]
+        out.append(f"| {g.collective} | {g.nodes} | {g.ranks} | {', '.join(_grid(w) for w in syn) or 'none'} | "
+                   f"{f'{min(sp):.2f}x - {max(sp):.2f}x' if sp else '-'} | {', '.join(_grid(w) for w in base) or 'none'} | "
+                   f"{len(g.failed_jobs)} |")
+    for g in selection.groups:
+        out += ["", f"## {g.collective}, {g.nodes} node(s), {g.ranks} GPUs", ""]
+        if plots:
+            out += [f"![{g.collective} x{g.nodes}]({plot_name(g)})", ""]
+        out += ["| window | bytes (minBytes - maxBytes) | grid sizes | winner | kind | best baseline | speedup | file |",
+                "|---|---|---|---|---|---|---|---|"]
+        for w in g.windows:
+            base = ", ".join(sorted({b for b in w.best_baseline if b})) or "-"
+            out.append(f"| {w.index} | {_span(w)} | {_grid(w)} | {w.winner or '-'} | {w.kind} | {base} | {_x(w)} | "
+                       f"{f'`{w.file}`' if w.file else '(runtime default)'} |")
+        notes = [f"- window {w.index}: {w.note}" for w in g.windows if w.note]
+        failed = [f"- {label}: {reason}" for label, reason in g.failed_jobs]
+        bad = [f"- {c.label}: {c.reason}" for c in g.contenders if c.status != "ok" and
+               not c.reason.startswith("synthesis failed")]
+        if notes:
+            out += ["", *notes]
+        if failed:
+            out += ["", "Failed syntheses (their sizes fell back to the best remaining program):", "", *failed]
+        if bad:
+            out += ["", "Programs that could not be lowered or simulated:", "", *bad]
+    out += _cost(selection)
+    out += ["", "## Using the programs", ""]
+    if selection.files:
+        out += ["Every file has its size window set and was proven by the checker before it was written.", "",
+                "- MSCCL executor / RCCL: `MSCCL_ALGO_DIR=<OUTDIR>/msccl-algorithms` (the directory serves every node "
+                "count: a file applies only to communicators of its `ngpus`).",
+                "- taccl's runtime or the legacy MSCCL: `MSCCL_XML_FILES`, one list per GPU count:", ""]
+        for ranks, files in selection.files.items():
+            out.append(f"  - {ranks} GPUs: `{':'.join(files)}`")
+    else:
+        out.append("No XML was written: the runtime's own algorithms serve every size.")
+    return "\n".join(out) + "\n"
+
+
+def _cost(selection: Selection) -> list:
+    syn = [j for j in selection.jobs if j.kind == "synthesis"]
+    out = ["", "## Synthesis cost", "",
+           f"{len(syn)} syntheses, {sum(j.cached for j in syn)} answered by the cache; "
+           f"{sum(j.time_s for j in syn):.1f} s of synthesis in all (when computed).", "",
+           "| job | collective | nodes | status | time (s) | predicted (us) | lower bound (us) | ratio | cached |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for j in syn:
+        ratio = f"{j.predicted_us / j.lower_bound_us:.2f}" if j.predicted_us and j.lower_bound_us else "-"
+        pred = f"{j.predicted_us:.2f}" if j.predicted_us is not None else "-"
+        lb = f"{j.lower_bound_us:.2f}" if j.lower_bound_us is not None else "-"
+        status = j.status if j.status == "ok" else f"failed: {j.reason.splitlines()[0] if j.reason else ''}"
+        out.append(f"| {j.label} | {j.collective} | {j.nodes} | {status} | {j.time_s:.1f} | {pred} | {lb} | {ratio} | "
+                   f"{'yes' if j.cached else 'no'} |")
+    return out
+
+
+def write_report(selection: Selection, outdir, sku, *, plots: bool = True, wall_s: float | None = None) -> Path:
+    outdir = Path(outdir)
+    if plots:
+        for g in selection.groups:
+            plot_group(g, outdir / plot_name(g))
+    return atomic_write(outdir / "report.md", render(selection, sku, plots=plots, wall_s=wall_s))

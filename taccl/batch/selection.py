@@ -1,0 +1,281 @@
+"""Selection: the fastest program per (collective, node count, size), merged into size windows.
+
+Every program that was lowered and simulated competes at every size of the grid: each synthesized
+candidate variant and each baseline variant. The winner per size is the fastest (ties go to the baseline,
+the safer default); adjacent sizes with one winner form a window. Windows tile the whole size axis: the
+boundary between two grid sizes a < b is their geometric mean, the first window starts at 0 and the last
+is unbounded (maxBytes 0), so every call size has exactly one window. A candidate whose job failed simply
+does not compete; the report names it next to the windows a baseline took instead.
+
+`select(sku, tasks, store) -> Selection`, and `write_outputs(selection, outdir)`, which writes one XML per
+window (minBytes/maxBytes set, proven by the checker before it is written) into `msccl-algorithms/`, plus
+`selection.csv` and `selection.json`. The XML directory is built aside and swapped in whole, so
+MSCCL_ALGO_DIR never sees a mix of two runs.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..fileio import atomic_write, write_json
+from ..units import format_size
+from .jobs import Task, tool_version
+
+XML_DIR = "msccl-algorithms"
+
+
+@dataclass
+class Contender:
+    """One competing program and what became of it."""
+
+    label: str
+    kind: str  # "synthesized" | "baseline"
+    source: str
+    proto: str
+    instances: int
+    status: str  # "ok" | "failed"
+    reason: str = ""
+    time_us: list = field(default_factory=list)
+    algbw_GBps: list = field(default_factory=list)
+    key: str = ""
+
+
+@dataclass
+class Window:
+    collective: str
+    nodes: int
+    ranks: int
+    index: int
+    min_bytes: int
+    max_bytes: int  # 0: unbounded (the executor's convention, inclusive otherwise)
+    sizes: list  # the grid sizes inside
+    winner: str  # label, or "" when no program exists (stock NCCL runs)
+    kind: str  # "synthesized" | "baseline" | "none"
+    best_baseline: list  # per size: label of the fastest baseline ("" if none)
+    speedup: list  # per size: best baseline time / winner time (None without a baseline)
+    file: str = ""  # path relative to OUTDIR, "" when the runtime's own algorithm serves the window
+    note: str = ""
+
+    @property
+    def speedup_range(self) -> tuple:
+        vals = [s for s in self.speedup if s is not None]
+        return (min(vals), max(vals)) if vals else (None, None)
+
+
+@dataclass
+class Group:
+    collective: str
+    nodes: int
+    ranks: int
+    sizes: list
+    lower_bound_us: list
+    contenders: list
+    windows: list = field(default_factory=list)
+    failed_jobs: list = field(default_factory=list)  # (label, reason) of synthesis jobs that failed
+
+
+@dataclass
+class JobSummary:
+    label: str
+    kind: str
+    collective: str
+    nodes: int
+    status: str
+    reason: str
+    time_s: float  # synthesis (or baseline build) wall time when it was computed
+    cached: bool
+    predicted_us: float | None = None
+    lower_bound_us: float | None = None
+
+
+@dataclass
+class Selection:
+    sku: str
+    topology: str
+    grid: list
+    groups: list
+    jobs: list
+    tool: str = ""
+    files: dict = field(default_factory=dict)  # ranks -> [paths relative to OUTDIR]
+
+    def to_json(self) -> dict:
+        doc = asdict(self)
+        for g, gdoc in zip(self.groups, doc["groups"]):
+            for w, wdoc in zip(g.windows, gdoc["windows"]):
+                wdoc["speedup_min"], wdoc["speedup_max"] = w.speedup_range
+        return {"format": "taccl.selection/1", **doc}
+
+
+def _lower_bounds(topology, collective: str, sizes) -> list:
+    from ..bounds import lower_bound
+
+    try:
+        return [lower_bound(topology, collective, s) for s in sizes]
+    except UserError:
+        return [None] * len(sizes)
+
+
+def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Selection:
+    from ..topology import Topology
+
+    groups, jobs = {}, []
+    for task in tasks:
+        g = groups.get((task.collective, task.nodes))
+        if g is None:
+            topo = Topology(sku.spec, task.nodes)
+            g = groups[(task.collective, task.nodes)] = Group(
+                collective=task.collective, nodes=task.nodes, ranks=topo.num_ranks, sizes=list(sku.grid),
+                lower_bound_us=_lower_bounds(topo, task.collective, sku.grid), contenders=[])
+        jobs.append(_job_summary(task, store, cached_keys))
+        if task.kind == "synthesis" and jobs[-1].status != "ok":
+            g.failed_jobs.append((task.label, jobs[-1].reason))
+        for prog in task.programs:
+            g.contenders.append(_contender(prog, store))
+    for g in groups.values():
+        g.windows = _windows(g)
+    order = {c: i for i, c in enumerate(sku.collectives)}
+    ordered = sorted(groups.values(), key=lambda g: (order[g.collective], g.nodes))
+    return Selection(sku=sku.name, topology=sku.spec.name, grid=list(sku.grid), groups=ordered, jobs=jobs,
+                     tool=tool_version())
+
+
+def _job_summary(task: Task, store, cached_keys) -> JobSummary:
+    if task.kind == "synthesis":
+        rec = store.get(task.key) or {"status": "failed", "reason": "no result"}
+        return JobSummary(label=task.label, kind="synthesis", collective=task.collective, nodes=task.nodes,
+                          status=rec["status"], reason=rec.get("reason", ""), time_s=rec.get("time_s", 0.0),
+                          cached=task.key in cached_keys, predicted_us=rec.get("predicted_us"),
+                          lower_bound_us=rec.get("lower_bound_us"))
+    recs = [store.get(p.key) or {"status": "failed", "reason": "no result"} for p in task.programs]
+    bad = [r for r in recs if r["status"] != "ok"]
+    return JobSummary(label=task.label, kind="baseline", collective=task.collective, nodes=task.nodes,
+                      status="failed" if len(bad) == len(recs) else "ok",
+                      reason="; ".join(sorted({r.get("reason", "") for r in bad})),
+                      time_s=round(sum(r.get("time_s", 0.0) for r in recs), 3),
+                      cached=all(p.key in cached_keys for p in task.programs))
+
+
+def _contender(prog, store) -> Contender:
+    c = Contender(label=prog.label, kind=prog.kind, source=prog.source, proto=prog.proto, instances=prog.instances,
+                  status="failed", key=prog.key)
+    sim = store.get(prog.sim_key)
+    if sim is None:
+        c.reason = "no result"
+    elif sim["status"] != "ok":
+        c.reason = sim.get("reason", "")
+    else:
+        c.status, c.time_us, c.algbw_GBps = "ok", sim["time_us"], sim["algbw_GBps"]
+    return c
+
+
+def _windows(g: Group) -> list:
+    ok = [c for c in g.contenders if c.status == "ok"]
+    # baselines first, then by label: ties go to the baseline, and the order never depends on the run
+    ok.sort(key=lambda c: (c.kind != "baseline", c.label))
+    winners, best_base = [], []
+    for i in range(len(g.sizes)):
+        win = min(ok, key=lambda c: c.time_us[i], default=None)
+        base = min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_us[i], default=None)
+        winners.append(win)
+        best_base.append(base)
+    failed = [label for label, _ in g.failed_jobs]
+    windows, start = [], 0
+    for i in range(1, len(g.sizes) + 1):
+        if i < len(g.sizes) and _label(winners[i]) == _label(winners[start]):
+            continue
+        win = winners[start]
+        lo = 0 if start == 0 else math.isqrt(g.sizes[start - 1] * g.sizes[start])
+        hi = 0 if i == len(g.sizes) else math.isqrt(g.sizes[i - 1] * g.sizes[i]) - 1
+        idx = range(start, i)
+        note = ""
+        if win is None:
+            note = "no program: the runtime's own algorithm serves these sizes"
+        elif win.kind == "baseline" and failed:
+            note = f"baseline: synthesis failed for {', '.join(failed)}"
+        windows.append(Window(
+            collective=g.collective, nodes=g.nodes, ranks=g.ranks, index=len(windows), min_bytes=lo, max_bytes=hi,
+            sizes=[g.sizes[k] for k in idx], winner=_label(win), kind=win.kind if win else "none",
+            best_baseline=[_label(best_base[k]) for k in idx],
+            speedup=[best_base[k].time_us[k] / win.time_us[k] if best_base[k] and win else None for k in idx],
+            note=note))
+        start = i
+    return windows
+
+
+def _label(c) -> str:
+    return c.label if c is not None else ""
+
+
+# ------------------------------------------------------------------------------------------------------
+# Writing
+
+def _file_name(w: Window) -> str:
+    hi = "inf" if w.max_bytes == 0 else format_size(w.max_bytes)
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "-", w.winner)
+    return f"{w.collective}-{w.ranks}r-{w.index:02d}-{format_size(w.min_bytes)}-{hi}-{safe}.xml"
+
+
+def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
+    from ..lowering import write_program
+    from ..xmlio import parse_xml
+
+    outdir = Path(outdir)
+    staging = outdir / f".{XML_DIR}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    files = {}
+    for g in selection.groups:
+        by_label = {c.label: c for c in g.contenders}
+        for w in g.windows:
+            w.file = ""
+            if w.kind == "none" or (w.kind == "baseline" and not emit_baselines):
+                continue
+            record = store.get(by_label[w.winner].key)
+            program = parse_xml(record["xml"]).program
+            program.min_bytes, program.max_bytes = w.min_bytes, w.max_bytes
+            program.name = f"{selection.sku} {w.winner}"[:255]
+            name = _file_name(w)
+            write_program(program, staging / name)  # proves it again, window included
+            w.file = f"{XML_DIR}/{name}"
+            files.setdefault(g.ranks, []).append(w.file)
+    selection.files = {r: sorted(v) for r, v in sorted(files.items())}
+    _swap_in(staging, outdir / XML_DIR)
+    write_json(outdir / "selection.json", selection.to_json())
+    atomic_write(outdir / "selection.csv", selection_csv(selection))
+
+
+def _swap_in(staging: Path, final: Path) -> None:
+    old = final.parent / f".{final.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.replace(old)
+    staging.replace(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+CSV_COLUMNS = ["collective", "nodes", "ranks", "window", "min_bytes", "max_bytes", "first_grid_size",
+               "last_grid_size", "winner", "kind", "best_baseline", "speedup_min", "speedup_max", "file", "note"]
+
+
+def selection_csv(selection: Selection) -> str:
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(CSV_COLUMNS)
+    for g in selection.groups:
+        for w in g.windows:
+            lo, hi = w.speedup_range
+            base = sorted({b for b in w.best_baseline if b})
+            out.writerow([w.collective, w.nodes, w.ranks, w.index, w.min_bytes, w.max_bytes, w.sizes[0], w.sizes[-1],
+                          w.winner or "-", w.kind, " ".join(base) or "-", _num(lo), _num(hi), w.file or "-",
+                          w.note])
+    return buf.getvalue()
+
+
+def _num(x) -> str:
+    return "" if x is None else f"{x:.3f}"

@@ -1,0 +1,263 @@
+"""SKU descriptions for `taccl batch`: what a new cluster type needs synthesized, as a YAML (or JSON) file.
+
+    name: ndv2-2node
+    topology: ndv2                  # built-in name, or a topology file relative to this file
+    nodes: [2]
+    collectives: [allgather, reducescatter, allreduce, alltoall]
+    sizes: 1KiB:1GiB                # the grid every program is simulated on and selected over
+    synthesis_sizes: [1M]           # input sizes the synthesizer optimises for (default [1M])
+    time_limit_s: 30                # per MILP stage; solver, threads, seed as for `taccl solve`
+    job_timeout_s: 900              # wall clock per synthesis job, lowering and simulation included
+    candidates:
+      - sketch: ../ndv2-sk-1.json   # relative to this file
+        collectives: [allgather, reducescatter, allreduce]   # default: all of the SKU's
+        variants: {chunkup: [1, 2], switch_policy: [uc-min], instances: [1, 2], protocol: [Simple, LL]}
+    baselines: {protocol: [Simple, LL, LL128], emit: xml}     # names: default every applicable one
+
+`load_sku(path) -> Sku` reports every problem in the file at once (schema and meaning: unknown topology,
+missing sketch, impossible node count, unknown collective...), each with its line and JSON path, before
+any work starts. Schema: `taccl/schemas/sku.schema.json`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..baselines import BASELINES
+from ..collectives import ALIASES, NAMES
+from ..errors import UserError
+from ..fileio import json_path, load_schema
+from ..sketch import load_sketch
+from ..topology import TopologySpec, load_spec
+from ..units import parse_size, parse_size_range
+
+DEFAULT_GRID = "1KiB:1GiB"
+DEFAULT_SYNTHESIS_SIZES = ("1M",)
+DEFAULT_TIME_LIMIT_S = 60.0
+DEFAULT_PROTOCOLS = ("Simple", "LL", "LL128")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate sketch and the variants generated from it."""
+
+    name: str
+    sketch_path: str
+    sketch_doc: dict = field(hash=False, compare=False)
+    collectives: tuple
+    nodes: tuple
+    synthesis_sizes: tuple
+    chunkups: tuple = (None,)  # None: the sketch's own
+    switch_policies: tuple = (None,)
+    instances: tuple = (1,)
+    protocols: tuple = ("Simple",)
+
+
+@dataclass
+class Sku:
+    name: str
+    path: str
+    topology: str  # built-in name or absolute path, as load_spec takes it
+    spec: TopologySpec
+    nodes: tuple
+    collectives: tuple
+    grid: tuple  # sizes in bytes, ascending
+    candidates: list
+    solver: str = "highs"
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    threads: int = 1
+    seed: int = 0
+    job_timeout_s: float = 0.0
+    max_tbs: int = 108
+    baseline_names: tuple = tuple(BASELINES)
+    baseline_protocols: tuple = DEFAULT_PROTOCOLS
+    baseline_instances: tuple = (1,)
+    emit_baselines: bool = True  # write baseline programs for the windows they win (else leave them to NCCL)
+
+
+class _Problems:
+    """Collects every problem with the line it comes from, then raises them together."""
+
+    def __init__(self, path: str, lines: dict):
+        self.path, self.lines, self.items = path, lines, []
+
+    def add(self, parts, message: str) -> None:
+        parts = tuple(parts)
+        line = None
+        for k in range(len(parts), -1, -1):  # the nearest enclosing place that has a line
+            line = self.lines.get(parts[:k])
+            if line is not None:
+                break
+        at = f"line {line}: " if line else ""
+        self.items.append(f"{at}{json_path(parts)}: {message}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            n = len(self.items)
+            lines = "\n".join(f"  - {p}" for p in self.items)
+            raise UserError(f"{n} problem{'s' if n > 1 else ''} in the SKU file:\n{lines}", path=self.path)
+
+
+def _line_map(node, parts=(), out=None) -> dict:
+    """JSON path (as a tuple) -> 1-based line, from PyYAML's node tree."""
+    out = {} if out is None else out
+    out[parts] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            _line_map(v, parts + (k.value,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _line_map(v, parts + (i,), out)
+    return out
+
+
+def _parse(path: Path):
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read the SKU file: {exc.strerror}", path=str(path)) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}" if mark else None
+        raise UserError(f"invalid YAML: {getattr(exc, 'problem', None) or exc}", path=str(path), where=where) from None
+    if not isinstance(doc, dict):
+        raise UserError("expected a mapping (topology, nodes, collectives, candidates, ...) at the top", path=str(path))
+    return doc, _line_map(node) if node is not None else {}
+
+
+def _canon_collective(name: str):
+    c = ALIASES.get(str(name).lower(), str(name).lower())
+    return c if c in NAMES else None
+
+
+def _sizes(value, problems, parts):
+    try:
+        if isinstance(value, list):
+            return tuple(parse_size(v) for v in value)
+        return tuple(parse_size_range(value, where="sizes"))
+    except UserError as exc:
+        problems.add(parts, str(exc).removeprefix("sizes: "))
+        return ()
+
+
+def load_sku(path) -> Sku:
+    path = Path(path)
+    doc, lines = _parse(path)
+    problems = _Problems(str(path), lines)
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(load_schema("sku.schema.json"))
+    for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        problems.add(err.absolute_path, err.message)
+    problems.raise_if_any()  # the rest reads fields the schema guarantees
+
+    base = path.parent
+    spec = topology = None
+    try:
+        topology = doc["topology"]
+        if (base / topology).is_file():
+            topology = str((base / topology).resolve())
+        spec = load_spec(topology, source=str(path))
+    except UserError as exc:
+        problems.add(("topology",), str(exc).split(": ", 1)[-1])
+
+    nodes = tuple(doc["nodes"])
+    if spec is not None:
+        for i, n in enumerate(nodes):
+            if n > 1 and not spec.nics:
+                problems.add(("nodes", i), f"topology {spec.name!r} has no NICs, so it cannot span {n} nodes")
+            if spec.max_nodes is not None and n > spec.max_nodes:
+                problems.add(("nodes", i), f"topology {spec.name!r} supports at most {spec.max_nodes} node(s)")
+            if n * spec.gpus_per_node < 2:
+                problems.add(("nodes", i), "a collective needs at least 2 ranks")
+
+    collectives = []
+    for i, c in enumerate(doc["collectives"]):
+        canon = _canon_collective(c)
+        if canon is None:
+            problems.add(("collectives", i), f"unknown collective {c!r}; known: {', '.join(NAMES)}")
+        elif canon not in collectives:
+            collectives.append(canon)
+
+    grid = tuple(sorted(set(_sizes(doc.get("sizes", DEFAULT_GRID), problems, ("sizes",)))))
+    if doc.get("sizes") is not None and not grid and not problems.items:
+        problems.add(("sizes",), "no sizes")
+    if any(s <= 0 for s in grid):
+        problems.add(("sizes",), "sizes must be positive")
+    default_synth = _sizes(doc.get("synthesis_sizes", list(DEFAULT_SYNTHESIS_SIZES)), problems, ("synthesis_sizes",))
+
+    candidates, names = [], set()
+    for i, cdoc in enumerate(doc["candidates"]):
+        cand = _candidate(cdoc, i, base, problems, collectives, nodes, default_synth)
+        if cand is None:
+            continue
+        if cand.name in names:
+            problems.add(("candidates", i, "name"), f"two candidates are named {cand.name!r}; give one a `name`")
+        names.add(cand.name)
+        candidates.append(cand)
+
+    bdoc = doc.get("baselines", {})
+    bnames = tuple(bdoc.get("names", BASELINES))
+    for i, b in enumerate(bnames):
+        if b not in BASELINES:
+            problems.add(("baselines", "names", i), f"unknown baseline {b!r}; known: {', '.join(BASELINES)}")
+    problems.raise_if_any()
+
+    time_limit = float(doc.get("time_limit_s", DEFAULT_TIME_LIMIT_S))
+    return Sku(name=doc.get("name") or path.stem, path=str(path), topology=topology, spec=spec, nodes=nodes,
+               collectives=tuple(collectives), grid=grid, candidates=candidates, solver=doc.get("solver", "highs"),
+               time_limit_s=time_limit, threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
+               # three MILP stages, plus lowering, checking and simulation
+               job_timeout_s=float(doc.get("job_timeout_s", 4 * time_limit + 300)),
+               max_tbs=int(doc.get("max_tbs", 108)), baseline_names=bnames,
+               baseline_protocols=tuple(bdoc.get("protocol", DEFAULT_PROTOCOLS)),
+               baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml")
+
+
+def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, default_synth):
+    at = ("candidates", i)
+    sketch_path = base / cdoc["sketch"]
+    sketch = None
+    if not sketch_path.is_file():
+        problems.add(at + ("sketch",), f"no such sketch file: {sketch_path}")
+    else:
+        try:
+            sketch = load_sketch(sketch_path)
+        except UserError as exc:
+            problems.add(at + ("sketch",), f"sketch does not load: {exc}")
+    colls = []
+    for j, c in enumerate(cdoc.get("collectives", collectives)):
+        canon = _canon_collective(c)
+        if canon is None:
+            problems.add(at + ("collectives", j), f"unknown collective {c!r}; known: {', '.join(NAMES)}")
+        elif canon not in collectives:
+            problems.add(at + ("collectives", j), f"{canon!r} is not one of the SKU's collectives ({', '.join(collectives)})")
+        else:
+            colls.append(canon)
+    cnodes = tuple(cdoc.get("nodes", nodes))
+    for j, n in enumerate(cnodes):
+        if n not in nodes:
+            problems.add(at + ("nodes", j), f"{n} is not one of the SKU's node counts {list(nodes)}")
+    variants = cdoc.get("variants", {})
+    policies = tuple(variants.get("switch_policy", (None,)))
+    if sketch is not None and policies != (None,) and not sketch.switches:
+        problems.add(at + ("variants", "switch_policy"),
+                     "the sketch has no switches (intranode_sketch.switches), so a switch policy means nothing")
+    synth = default_synth
+    if "synthesis_sizes" in cdoc:
+        synth = _sizes(cdoc["synthesis_sizes"], problems, at + ("synthesis_sizes",))
+    if sketch is None:
+        return None
+    from ..fileio import load_json
+
+    name = cdoc.get("name") or sketch_path.name.removesuffix(".json")
+    return Candidate(name=name, sketch_path=str(sketch_path.resolve()), sketch_doc=load_json(sketch_path),
+                     collectives=tuple(colls), nodes=cnodes, synthesis_sizes=tuple(synth),
+                     chunkups=tuple(variants.get("chunkup", (None,))), switch_policies=policies,
+                     instances=tuple(variants.get("instances", (1,))),
+                     protocols=tuple(variants.get("protocol", ("Simple",))))

@@ -1,0 +1,65 @@
+"""`taccl batch SKU.yaml [-o OUTDIR] [--workers N] [--executor local|ray]`: everything a new cluster SKU needs."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..progress import Reporter
+
+
+def register(sub) -> None:
+    p = sub.add_parser("batch", help="synthesize, verify and select algorithms for a cluster SKU (many collectives, "
+                                     "sizes and sketches; parallel, cached, resumable)",
+                       description="Run every synthesis a SKU file asks for (in parallel, cached by the hash of its "
+                                   "inputs, resumable after a kill), simulate every candidate and baseline on the size "
+                                   "grid, and write one proven XML per winning size window, a selection table "
+                                   "(CSV, JSON) and a Markdown report with plots.")
+    p.add_argument("sku", metavar="SKU.yaml", help="SKU description (see sketches/skus/)")
+    p.add_argument("-o", "--output", metavar="OUTDIR", help="output directory (default batch-<sku name>)")
+    p.add_argument("--workers", type=int, default=None, help="jobs run at once (default: CPUs / solver threads)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local processes (default) or a Ray cluster")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to join (default $RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--retry-failed", action="store_true", help="recompute jobs whose cached result is a failure")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots of the report")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..batch import run_batch
+
+    report = Reporter(quiet=args.quiet or args.json)
+    result = run_batch(args.sku, args.output, workers=args.workers, executor=args.executor,
+                       ray_address=args.ray_address, retry_failed=args.retry_failed, report=report,
+                       plots=not args.no_plots)
+    sel, out = result.selection, result.outdir
+    env = {str(r): ":".join(str(out / f) for f in files) for r, files in sel.files.items()}
+    if args.json:
+        json.dump({"outdir": str(out), "jobs": len(sel.jobs), "computed": result.computed, "cached": result.cached,
+                   "failed": result.failed, "wall_s": round(result.wall_s, 1),
+                   "windows": sum(len(g.windows) for g in sel.groups), "msccl_algo_dir": str(out / "msccl-algorithms"),
+                   "msccl_xml_files": env, "report": str(out / "report.md")}, sys.stdout, indent=1)
+        print()
+        return 0
+    if not args.quiet:
+        print(f"{len(sel.jobs)} jobs: {result.computed} run, {result.cached} from the cache, {result.failed} failed; "
+              f"{result.wall_s:.0f} s")
+        for g in sel.groups:
+            for w in g.windows:
+                lo, hi = w.speedup_range
+                sp = f"  {lo:.2f}x-{hi:.2f}x vs baseline" if lo is not None and w.kind == "synthesized" else ""
+                print(f"  {g.collective:<14} {g.ranks:>4} GPUs  {w.sizes[0]:>11} .. {w.sizes[-1]:<11} "
+                      f"{w.winner or '(runtime default)'}{sp}")
+        print(f"selection: {out / 'selection.csv'}  report: {out / 'report.md'}")
+        if env:
+            print("tell the runtime:")
+            print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # MSCCL executor, RCCL")
+            for ranks, files in env.items():
+                print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs: taccl runtime, legacy MSCCL")
+        if result.failed:
+            print(f"{result.failed} job(s) failed; their reasons are in the report (their sizes use the best "
+                  f"remaining program)")
+    return 0
