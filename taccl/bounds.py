@@ -191,8 +191,12 @@ def _latency_bound(topology, collective: str, root: int) -> float:
     return worst
 
 
-def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0) -> dict:
-    """Lower bounds (microseconds) on any algorithm for the collective at this size; see the module doc."""
+def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0, alpha_scale: float = 1.0) -> dict:
+    """Lower bounds (microseconds) on any algorithm for the collective at this size; see the module doc.
+
+    `alpha_scale` multiplies every alpha: the bound for a protocol whose per-transfer latency is that
+    fraction of the topology's (the simulator's LL, say: `taccl.simulator.PROTO_ALPHA_FACTOR`).
+    """
     c = _canon(collective_name)
     R = topology.num_ranks
     multi = topology.nodes > 1
@@ -202,9 +206,9 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
         vin, vout = rank_volumes(c, R, size_bytes, rank, root)
         bin_, ain, bout, aout = ports[topology.local(rank)]
         if vin > 0:
-            ingress = max(ingress, INF if bin_ <= 0 else ain + vin / (bin_ * 1000.0))
+            ingress = max(ingress, INF if bin_ <= 0 else ain * alpha_scale + vin / (bin_ * 1000.0))
         if vout > 0:
-            egress = max(egress, INF if bout <= 0 else aout + vout / (bout * 1000.0))
+            egress = max(egress, INF if bout <= 0 else aout * alpha_scale + vout / (bout * 1000.0))
     cut = 0.0
     if multi:
         spec = topology.spec
@@ -217,11 +221,11 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
             vin, vout = node_volumes(c, R, g, size_bytes, node == root_node)
             for v in (vin, vout):
                 if v > 0:
-                    cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
-    latency = _latency_bound(topology, c, root) if R > 1 else 0.0
+                    cut = max(cut, INF if nic_bw <= 0 else nic_alpha * alpha_scale + v / (nic_bw * 1000.0))
+    latency = _latency_bound(topology, c, root) * alpha_scale if R > 1 else 0.0
     return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency}
 
 
-def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0) -> float:
+def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0, alpha_scale: float = 1.0) -> float:
     """The largest of `lower_bounds`."""
-    return max(lower_bounds(topology, collective_name, size_bytes, root=root).values())
+    return max(lower_bounds(topology, collective_name, size_bytes, root=root, alpha_scale=alpha_scale).values())

@@ -2,7 +2,9 @@
 
 Every program that was lowered and simulated competes at every size of the grid: each synthesized
 candidate variant and each baseline variant. The winner per size is the fastest (ties go to the baseline,
-the safer default); adjacent sizes with one winner form a window. Windows tile the whole size axis: the
+the safer default); adjacent sizes with one winner form a window. With the SKU's `merge_tolerance` (say
+0.03) a program within 3% of the fastest may keep a size, and the windows are chosen to be as few as that
+allows: fewer files for the runtime to load, at a cost the table shows. Windows tile the whole size axis: the
 boundary between two grid sizes a < b is their geometric mean, the first window starts at 0 and the last
 is unbounded (maxBytes 0), so every call size has exactly one window. A candidate whose job failed simply
 does not compete; the report names it next to the windows a baseline took instead.
@@ -113,10 +115,13 @@ class Selection:
 
 
 def _lower_bounds(topology, collective: str, sizes) -> list:
+    """The bound for any protocol: the simulator charges LL the smallest alpha."""
     from ..bounds import lower_bound
+    from ..simulator import PROTO_ALPHA_FACTOR
 
+    scale = min(PROTO_ALPHA_FACTOR.values())
     try:
-        return [lower_bound(topology, collective, s) for s in sizes]
+        return [lower_bound(topology, collective, s, alpha_scale=scale) for s in sizes]
     except UserError:
         return [None] * len(sizes)
 
@@ -138,7 +143,7 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Select
         for prog in task.programs:
             g.contenders.append(_contender(prog, store))
     for g in groups.values():
-        g.windows = _windows(g)
+        g.windows = _windows(g, sku.merge_tolerance)
     order = {c: i for i, c in enumerate(sku.collectives)}
     ordered = sorted(groups.values(), key=lambda g: (order[g.collective], g.nodes))
     return Selection(sku=sku.name, topology=sku.spec.name, grid=list(sku.grid), groups=ordered, jobs=jobs,
@@ -174,20 +179,47 @@ def _contender(prog, store) -> Contender:
     return c
 
 
-def _windows(g: Group) -> list:
+def _picks(ok: list, n: int, tolerance: float) -> list:
+    """The program to run at each of the n grid sizes, as few distinct runs as the tolerance allows.
+
+    A program is good at size i when within `tolerance` of the fastest there. Walking up the sizes, each new
+    window takes the good program that stays good the longest (then the fastest, then a baseline on a tie):
+    the greedy choice that minimises the number of windows. With tolerance 0 it is the fastest per size.
+    """
+    if not ok:
+        return [None] * n
+    best = [min(c.time_us[i] for c in ok) for i in range(n)]
+
+    def good(c, i):
+        return c.time_us[i] <= best[i] * (1.0 + tolerance) * (1.0 + 1e-12)
+
+    def reach(c, i):
+        j = i
+        while j < n and good(c, j):
+            j += 1
+        return j
+
+    picks, i = [], 0
+    while i < n:
+        # `ok` is in preference order (baselines first), and max keeps the first of equals
+        pick = max((c for c in ok if good(c, i)), key=lambda c: (reach(c, i), -c.time_us[i]))
+        end = reach(pick, i)
+        picks += [pick] * (end - i)
+        i = end
+    return picks
+
+
+def _windows(g: Group, tolerance: float = 0.0) -> list:
     ok = [c for c in g.contenders if c.status == "ok"]
     # baselines first, then by label: ties go to the baseline, and the order never depends on the run
     ok.sort(key=lambda c: (c.kind != "baseline", c.label))
-    winners, best_base = [], []
-    for i in range(len(g.sizes)):
-        win = min(ok, key=lambda c: c.time_us[i], default=None)
-        base = min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_us[i], default=None)
-        winners.append(win)
-        best_base.append(base)
+    winners = _picks(ok, len(g.sizes), tolerance)
+    best_base = [min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_us[i], default=None)
+                 for i in range(len(g.sizes))]
     failed = [label for label, _ in g.failed_jobs]
     windows, start = [], 0
     for i in range(1, len(g.sizes) + 1):
-        if i < len(g.sizes) and _label(winners[i]) == _label(winners[start]):
+        if i < len(g.sizes) and winners[i] is winners[start]:
             continue
         win = winners[start]
         lo = 0 if start == 0 else math.isqrt(g.sizes[start - 1] * g.sizes[start])

@@ -8,6 +8,7 @@
     synthesis_sizes: [1M]           # input sizes the synthesizer optimises for (default [1M])
     time_limit_s: 30                # per MILP stage; solver, threads, seed as for `taccl solve`
     job_timeout_s: 900              # wall clock per synthesis job, lowering and simulation included
+    merge_tolerance: 0.03           # a program within 3% of the fastest may keep a size: fewer windows
     candidates:
       - sketch: ../ndv2-sk-1.json   # relative to this file
         collectives: [allgather, reducescatter, allreduce]   # default: all of the SKU's
@@ -75,6 +76,7 @@ class Sku:
     baseline_protocols: tuple = DEFAULT_PROTOCOLS
     baseline_instances: tuple = (1,)
     emit_baselines: bool = True  # write baseline programs for the windows they win (else leave them to NCCL)
+    merge_tolerance: float = 0.0  # a program within this fraction of the fastest may keep a size (fewer windows)
 
 
 class _Problems:
@@ -91,12 +93,12 @@ class _Problems:
             if line is not None:
                 break
         at = f"line {line}: " if line else ""
-        self.items.append(f"{at}{json_path(parts)}: {message}")
+        self.items.append((line or 0, f"{at}{json_path(parts)}: {message}"))
 
     def raise_if_any(self) -> None:
         if self.items:
             n = len(self.items)
-            lines = "\n".join(f"  - {p}" for p in self.items)
+            lines = "\n".join(f"  - {p}" for _, p in sorted(self.items, key=lambda item: item[0]))
             raise UserError(f"{n} problem{'s' if n > 1 else ''} in the SKU file:\n{lines}", path=self.path)
 
 
@@ -138,37 +140,73 @@ def _canon_collective(name: str):
 def _sizes(value, problems, parts):
     try:
         if isinstance(value, list):
-            return tuple(parse_size(v) for v in value)
+            return tuple(parse_size(v) for _, v in _items(value))
         return tuple(parse_size_range(value, where="sizes"))
     except UserError as exc:
         problems.add(parts, str(exc).removeprefix("sizes: "))
         return ()
 
 
+_BAD = object()  # stands for a value the schema rejected (already reported), keeping list indices
+
+
+def _drop(doc, parts) -> None:
+    """Take out the value at `parts` so the checks of meaning skip it instead of tripping over it."""
+    parent = doc
+    for p in parts[:-1]:
+        try:
+            parent = parent[p]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(parent, dict):
+        parent.pop(parts[-1], None)
+    elif isinstance(parent, list) and isinstance(parts[-1], int) and parts[-1] < len(parent):
+        parent[parts[-1]] = _BAD
+
+
+def _schema_problems(doc, problems: _Problems) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(load_schema("sku.schema.json"))
+    errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    for err in errors:
+        parts = tuple(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            for key in sorted(set(err.instance) - set(err.schema.get("properties", {}))):
+                problems.add(parts + (key,), f"unknown key {key!r}; expected one of "
+                                             f"{', '.join(sorted(err.schema.get('properties', {})))}")
+            continue
+        problems.add(parts, err.message)
+    for err in errors:
+        if err.absolute_path and err.validator != "additionalProperties":
+            _drop(doc, tuple(err.absolute_path))
+
+
+def _items(value) -> list:
+    """(index, item) of a list, skipping what the schema rejected."""
+    return [(i, v) for i, v in enumerate(value) if v is not _BAD] if isinstance(value, list) else []
+
+
 def load_sku(path) -> Sku:
     path = Path(path)
     doc, lines = _parse(path)
     problems = _Problems(str(path), lines)
-    import jsonschema
-
-    validator = jsonschema.Draft7Validator(load_schema("sku.schema.json"))
-    for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
-        problems.add(err.absolute_path, err.message)
-    problems.raise_if_any()  # the rest reads fields the schema guarantees
+    _schema_problems(doc, problems)  # every problem is listed: meaning is checked on what the schema let through
 
     base = path.parent
     spec = topology = None
-    try:
+    if isinstance(doc.get("topology"), str):
         topology = doc["topology"]
         if (base / topology).is_file():
             topology = str((base / topology).resolve())
-        spec = load_spec(topology, source=str(path))
-    except UserError as exc:
-        problems.add(("topology",), str(exc).split(": ", 1)[-1])
+        try:
+            spec = load_spec(topology, source=str(path))
+        except UserError as exc:
+            problems.add(("topology",), str(exc).split(": ", 1)[-1])
 
-    nodes = tuple(doc["nodes"])
+    nodes = tuple(n for _, n in _items(doc.get("nodes")))
     if spec is not None:
-        for i, n in enumerate(nodes):
+        for i, n in _items(doc.get("nodes")):
             if n > 1 and not spec.nics:
                 problems.add(("nodes", i), f"topology {spec.name!r} has no NICs, so it cannot span {n} nodes")
             if spec.max_nodes is not None and n > spec.max_nodes:
@@ -177,7 +215,7 @@ def load_sku(path) -> Sku:
                 problems.add(("nodes", i), "a collective needs at least 2 ranks")
 
     collectives = []
-    for i, c in enumerate(doc["collectives"]):
+    for i, c in _items(doc.get("collectives")):
         canon = _canon_collective(c)
         if canon is None:
             problems.add(("collectives", i), f"unknown collective {c!r}; known: {', '.join(NAMES)}")
@@ -185,15 +223,13 @@ def load_sku(path) -> Sku:
             collectives.append(canon)
 
     grid = tuple(sorted(set(_sizes(doc.get("sizes", DEFAULT_GRID), problems, ("sizes",)))))
-    if doc.get("sizes") is not None and not grid and not problems.items:
-        problems.add(("sizes",), "no sizes")
     if any(s <= 0 for s in grid):
         problems.add(("sizes",), "sizes must be positive")
     default_synth = _sizes(doc.get("synthesis_sizes", list(DEFAULT_SYNTHESIS_SIZES)), problems, ("synthesis_sizes",))
 
     candidates, names = [], set()
-    for i, cdoc in enumerate(doc["candidates"]):
-        cand = _candidate(cdoc, i, base, problems, collectives, nodes, default_synth)
+    for i, cdoc in _items(doc.get("candidates")):
+        cand = _candidate(cdoc, i, base, problems, collectives, nodes, default_synth, spec)
         if cand is None:
             continue
         if cand.name in names:
@@ -202,8 +238,8 @@ def load_sku(path) -> Sku:
         candidates.append(cand)
 
     bdoc = doc.get("baselines", {})
-    bnames = tuple(bdoc.get("names", BASELINES))
-    for i, b in enumerate(bnames):
+    bnames = tuple(b for _, b in _items(bdoc.get("names", list(BASELINES))))
+    for i, b in _items(bdoc.get("names")):
         if b not in BASELINES:
             problems.add(("baselines", "names", i), f"unknown baseline {b!r}; known: {', '.join(BASELINES)}")
     problems.raise_if_any()
@@ -216,11 +252,29 @@ def load_sku(path) -> Sku:
                job_timeout_s=float(doc.get("job_timeout_s", 4 * time_limit + 300)),
                max_tbs=int(doc.get("max_tbs", 108)), baseline_names=bnames,
                baseline_protocols=tuple(bdoc.get("protocol", DEFAULT_PROTOCOLS)),
-               baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml")
+               baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml",
+               merge_tolerance=float(doc.get("merge_tolerance", 0.0)))
 
 
-def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, default_synth):
+def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:
+    """Why the sketch cannot be used on `nodes` nodes of `spec` (relay GPUs, switches, symmetry), or None."""
+    from ..collectives import make_collective
+    from ..problem import build_problem
+    from ..topology import Topology
+
+    try:
+        topo = Topology(spec, nodes)
+        coll = make_collective(collective, topo.num_ranks, sketch.chunkup)
+        build_problem(topo, coll.dual() if coll.combining else coll, sketch, 1 << 20)
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, default_synth, spec):
     at = ("candidates", i)
+    if not isinstance(cdoc, dict) or "sketch" not in cdoc:
+        return None  # reported by the schema
     sketch_path = base / cdoc["sketch"]
     sketch = None
     if not sketch_path.is_file():
@@ -231,7 +285,7 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
         except UserError as exc:
             problems.add(at + ("sketch",), f"sketch does not load: {exc}")
     colls = []
-    for j, c in enumerate(cdoc.get("collectives", collectives)):
+    for j, c in _items(cdoc.get("collectives", list(collectives))):
         canon = _canon_collective(c)
         if canon is None:
             problems.add(at + ("collectives", j), f"unknown collective {c!r}; known: {', '.join(NAMES)}")
@@ -239,8 +293,8 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
             problems.add(at + ("collectives", j), f"{canon!r} is not one of the SKU's collectives ({', '.join(collectives)})")
         else:
             colls.append(canon)
-    cnodes = tuple(cdoc.get("nodes", nodes))
-    for j, n in enumerate(cnodes):
+    cnodes = tuple(n for _, n in _items(cdoc.get("nodes", list(nodes))))
+    for j, n in _items(cdoc.get("nodes")):
         if n not in nodes:
             problems.add(at + ("nodes", j), f"{n} is not one of the SKU's node counts {list(nodes)}")
     variants = cdoc.get("variants", {})
@@ -253,6 +307,11 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
         synth = _sizes(cdoc["synthesis_sizes"], problems, at + ("synthesis_sizes",))
     if sketch is None:
         return None
+    if spec is not None and colls:
+        for j, n in _items(cdoc.get("nodes", list(cnodes))):
+            why = _misfit(sketch, spec, n, colls[0])
+            if why:
+                problems.add(at + ("sketch",), f"does not fit {spec.name} x{n}: {why}")
     from ..fileio import load_json
 
     name = cdoc.get("name") or sketch_path.name.removesuffix(".json")
