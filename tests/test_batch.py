@@ -1,0 +1,270 @@
+"""`taccl batch`: a small SKU end to end, the cache, kill and resume, Ray, faults and bad SKU files."""
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from taccl.batch import load_sku, plan, run_batch
+from taccl.batch.selection import Contender, _picks
+from taccl.cli import main
+from taccl.errors import UserError
+from taccl.topology import load_topology
+from taccl.xmlio import read_program
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "tests" / "data" / "batch" / "small.yaml"
+SKETCH = ROOT / "sketches" / "ndv2-sk-1.json"
+
+
+def rows(outdir):
+    with open(Path(outdir) / "selection.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
+def sku_file(tmp_path, extra: str = "", name: str = "sku.yaml") -> Path:
+    """The small SKU, with absolute sketch paths, plus `extra` top-level YAML."""
+    text = SMALL.read_text().replace("../../../sketches/", f"{ROOT / 'sketches'}/") + extra
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def cache_files(outdir):
+    return {p: p.stat().st_mtime_ns for p in (Path(outdir) / "cache").glob("*/*.json")}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("batch") / "out"
+    result = run_batch(SMALL, out, workers=2)
+    return result, out
+
+
+def test_small_sku_files_table_report_and_plots_agree(small):
+    result, out = small
+    sel = json.loads((out / "selection.json").read_text())
+    table = rows(out)
+    windows = [w for g in sel["groups"] for w in g["windows"]]
+    assert len(table) == len(windows) > 0
+    assert {(g["collective"], g["nodes"]) for g in sel["groups"]} == {("allgather", 2), ("reducescatter", 2)}
+    # the XML directory holds exactly the files of the table
+    files = {r["file"] for r in table if r["file"] != "-"}
+    assert files == {f"msccl-algorithms/{p.name}" for p in (out / "msccl-algorithms").iterdir()}
+    report = (out / "report.md").read_text()
+    for f in files:
+        assert f in report
+    for g in sel["groups"]:
+        plot = out / "plots" / f"{g['collective']}-{g['ranks']}r.png"
+        assert plot.stat().st_size > 1000 and f"plots/{plot.name}" in report
+    for row, w in zip(table, windows):
+        assert (row["winner"], int(row["min_bytes"]), int(row["max_bytes"])) == (w["winner"], w["min_bytes"], w["max_bytes"])
+        if row["file"] != "-":
+            prog = read_program(out / row["file"])
+            assert (prog.min_bytes, prog.max_bytes, prog.ngpus) == (w["min_bytes"], w["max_bytes"], 16)
+            assert prog.collective == w["collective"]
+
+
+def test_windows_tile_the_size_axis_and_pick_the_fastest(small):
+    _, out = small
+    sel = json.loads((out / "selection.json").read_text())
+    topo = load_topology("ndv2", 2)
+    from taccl.bounds import lower_bound
+
+    for g in sel["groups"]:
+        ws = g["windows"]
+        assert ws[0]["min_bytes"] == 0 and ws[-1]["max_bytes"] == 0
+        for a, b in zip(ws, ws[1:]):
+            assert b["min_bytes"] == a["max_bytes"] + 1 and a["winner"] != b["winner"]
+        assert [s for w in ws for s in w["sizes"]] == g["sizes"]
+        ok = {c["label"]: c for c in g["contenders"] if c["status"] == "ok"}
+        assert any(c["kind"] == "baseline" for c in ok.values()) and any(c["kind"] == "synthesized" for c in ok.values())
+        for w in ws:
+            for k, size in enumerate(w["sizes"]):
+                i = g["sizes"].index(size)
+                best = min(c["time_us"][i] for c in ok.values())
+                t = ok[w["winner"]]["time_us"][i]
+                assert t == best  # merge_tolerance 0: the fastest per size
+                assert t >= g["lower_bound_us"][i] * (1 - 1e-9)
+                base = min(c["time_us"][i] for c in ok.values() if c["kind"] == "baseline")
+                assert w["speedup"][k] == pytest.approx(base / t)
+                assert lower_bound(topo, g["collective"], size, alpha_scale=0.6 / 3.4) == pytest.approx(g["lower_bound_us"][i])
+
+
+def test_every_written_xml_passes_taccl_check(small, capsys):
+    _, out = small
+    files = sorted((out / "msccl-algorithms").glob("*.xml"))
+    assert files
+    for f in files:
+        assert main(["check", str(f)]) == 0, capsys.readouterr()
+
+
+def test_rerun_is_a_cache_hit(small, tmp_path):
+    result, out = small
+    copy = tmp_path / "again"
+    shutil.copytree(out, copy)
+    before = cache_files(copy)
+    again = run_batch(SMALL, copy, workers=2)
+    assert again.computed == 0 and again.cached == result.computed + result.cached
+    assert cache_files(copy) == before  # nothing rewritten
+    assert rows(copy) == rows(out)
+    assert all(j.cached for j in again.selection.jobs)
+
+
+def test_kill_and_resume_loses_nothing(small, tmp_path):
+    _, ref = small
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "taccl.cli", "batch", str(SMALL), "-o", str(out), "--workers", "1",
+                             "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((out / "cache").glob("*/*.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.5)  # the worker gets SIGTERM from the kernel when its parent dies
+    assert not (out / "selection.csv").exists(), "the batch finished before it could be killed"
+    done = cache_files(out)
+    assert done
+    for p in done:
+        json.loads(p.read_text())  # every stored record is whole
+    resumed = run_batch(SMALL, out, workers=2)
+    assert all(cache_files(out)[p] == m for p, m in done.items())  # nothing finished was recomputed
+    assert resumed.cached + resumed.computed == len(plan(load_sku(SMALL)))
+    assert rows(out) == rows(ref)
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_ray_executor_gives_the_same_table(small, tmp_path):
+    pytest.importorskip("ray")
+    _, ref = small
+    out = tmp_path / "ray"
+    result = run_batch(SMALL, out, workers=2, executor="ray")
+    assert result.computed > 0
+    assert rows(out) == rows(ref)
+
+
+def test_failed_synthesis_falls_back_to_the_best_baseline(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise UserError("the solver found no routing (test)")
+
+    monkeypatch.setattr("taccl.synthesize.synthesize", broken)  # forked workers inherit it
+    out = tmp_path / "out"
+    result = run_batch(sku_file(tmp_path), out, workers=2)
+    assert result.failed == 4  # two collectives x two chunk-ups
+    sel = result.selection
+    for g in sel.groups:
+        assert {w.kind for w in g.windows} == {"baseline"}
+        assert all("synthesis failed" in w.note for w in g.windows)
+        assert len(g.failed_jobs) == 2
+    report = (out / "report.md").read_text()
+    assert "the solver found no routing (test)" in report and "fell back" in report
+    assert all(r["kind"] == "baseline" and r["file"] != "-" for r in rows(out))
+
+
+def test_a_job_over_its_timeout_is_stopped_and_retried_when_the_limit_grows(tmp_path, monkeypatch):
+    def slow(*args, **kwargs):
+        time.sleep(120)
+
+    monkeypatch.setattr("taccl.synthesize.synthesize", slow)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    result = run_batch(sku_file(tmp_path, "job_timeout_s: 1\n"), out, workers=2)
+    assert time.monotonic() - t0 < 60
+    reasons = [j.reason for j in result.selection.jobs if j.kind == "synthesis"]
+    assert reasons and all("timed out after 1 s" in r for r in reasons)
+    same = run_batch(sku_file(tmp_path, "job_timeout_s: 1\n"), out, workers=2)
+    assert same.computed == 0  # a timeout under the same limit is a result
+    monkeypatch.undo()
+    longer = run_batch(sku_file(tmp_path, "job_timeout_s: 300\n"), out, workers=2)
+    assert longer.failed == 0 and longer.computed == 4
+
+
+def test_bad_sku_lists_every_problem_before_any_work(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"""name: bad
+topology: ndv3
+nodes: [2, 0]
+collectives: [allgather, allsum]
+sizes: 1K:0.5
+candidates:
+  - sketch: missing.json
+    variants: {{protocol: [LL64], chunkup: [0]}}
+  - sketch: {SKETCH}
+    collectives: [alltoall]
+baselines: {{names: [ring, torus]}}
+colectives: [allreduce]
+""")
+    out = tmp_path / "out"
+    assert main(["batch", str(bad), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "10 problems" in err
+    for text in ("line 2: $.topology: unknown topology 'ndv3'", "line 3: $.nodes[1]", "$.collectives[1]: unknown collective 'allsum'",
+                 "line 5: $.sizes", "line 7: $.candidates[0].sketch: no such sketch file",
+                 "$.candidates[0].variants.protocol[0]", "$.candidates[0].variants.chunkup[0]",
+                 "$.candidates[1].collectives[0]: 'alltoall' is not one of the SKU's collectives",
+                 "$.baselines.names[1]: unknown baseline 'torus'", "line 12: $.colectives: unknown key"):
+        assert text in err, text
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_invalid_yaml_names_the_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("topology: ndv2\nnodes: [2\ncollectives: []\n")
+    assert main(["batch", str(bad)]) == 2
+    assert "bad.yaml: line 3" in capsys.readouterr().err
+
+
+def test_sketch_that_does_not_fit_the_topology_is_a_sku_error(tmp_path):
+    path = tmp_path / "sku.yaml"
+    path.write_text(f"topology: dgx2\nnodes: [2]\ncollectives: [allgather]\ncandidates:\n  - sketch: {SKETCH}\n")
+    with pytest.raises(UserError, match=r"line 5: \$\.candidates\[0\]\.sketch: does not fit dgx2 x2"):
+        load_sku(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "sketches" / "skus").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_skus_load_and_plan(path):
+    sku = load_sku(path)
+    tasks = plan(sku)
+    assert any(t.kind == "synthesis" for t in tasks) and any(t.kind == "baseline" for t in tasks)
+    keys = [k for t in tasks for k in t.keys()]
+    assert len(keys) == len(set(keys))  # every result has its own key
+    for coll in sku.collectives:
+        assert any(t.collective == coll and t.kind == "synthesis" for t in tasks), coll
+
+
+def test_cache_key_follows_the_inputs(tmp_path):
+    a = plan(load_sku(sku_file(tmp_path)))
+    b = plan(load_sku(sku_file(tmp_path, "time_limit_s: 21\n", name="b.yaml").resolve()))
+    assert [t.key for t in a] == [t.key for t in plan(load_sku(sku_file(tmp_path)))]  # stable
+    syn_a = {t.key for t in a if t.kind == "synthesis"}
+    syn_b = {t.key for t in b if t.kind == "synthesis"}
+    assert syn_a.isdisjoint(syn_b)  # a solver setting is part of a synthesis key
+    assert {t.key for t in a if t.kind == "baseline"} == {t.key for t in b if t.kind == "baseline"}
+
+
+def test_second_batch_on_the_same_outdir_is_refused(tmp_path):
+    from taccl.batch.cache import OutdirLock
+
+    with OutdirLock(tmp_path):
+        with pytest.raises(UserError, match="another `taccl batch`"):
+            run_batch(SMALL, tmp_path, workers=1)
+
+
+def _c(label, times, kind="synthesized"):
+    return Contender(label=label, kind=kind, source=label, proto="Simple", instances=1, status="ok", time_us=times)
+
+
+def test_tolerance_gives_the_fewest_windows():
+    a = _c("a", [1.0, 1.0, 1.02, 1.5])
+    b = _c("b", [1.01, 0.99, 1.0, 1.0])
+    base = _c("ring", [1.0, 2.0, 2.0, 2.0], kind="baseline")
+    ok = [base, a, b]
+    assert [c.label for c in _picks(ok, 4, 0.0)] == ["ring", "b", "b", "b"]  # tie at size 0 goes to the baseline
+    assert [c.label for c in _picks(ok, 4, 0.03)] == ["b", "b", "b", "b"]
+    assert _picks([], 3, 0.0) == [None, None, None]
