@@ -26,7 +26,7 @@ test: install native
 
 bench: install native
 	$(PYTHON) benchmarks/synthesis.py
-	@for b in benchmarks/quality.py benchmarks/runtime.py; do \
+	@for b in benchmarks/quality.py benchmarks/runtime.py benchmarks/batch.py; do \
 		if [ -f $$b ]; then $(PYTHON) $$b || exit 1; fi; done
 
 clean:

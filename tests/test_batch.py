@@ -105,6 +105,30 @@ def test_every_written_xml_passes_taccl_check(small, capsys):
         assert main(["check", str(f)]) == 0, capsys.readouterr()
 
 
+def test_runtime_picks_each_window_winner(small, monkeypatch):
+    """Both ways of handing the files over find the window's program: the MSCCL_XML_FILES list the batch
+    prints, and every file of the directory in sorted order (MSCCL_ALGO_DIR), first match wins."""
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import Runtime
+
+    _, out = small
+    sel = json.loads((out / "selection.json").read_text())
+    monkeypatch.setenv("MSCCL_XML_FILES", ":".join(str(out / f) for f in sel["files"]["16"]))
+    with Runtime() as listed, Runtime() as directory:
+        assert listed.load_from_env() == len(sel["files"]["16"])
+        for f in sorted((out / "msccl-algorithms").iterdir()):
+            directory.load(f)
+        for g in sel["groups"]:
+            for w in g["windows"]:
+                for size in w["sizes"] + ([w["sizes"][-1] * 64] if w["max_bytes"] == 0 else []):
+                    count = size // 4 // g["ranks"]  # float32; AllGather/ReduceScatter count one rank's share
+                    for rt in (listed, directory):
+                        idx = rt.select(g["collective"], g["ranks"], count, "float32", False)
+                        assert idx >= 0 and rt.info(idx).path == str(out / w["file"]), (g["collective"], size)
+
+
 def test_rerun_is_a_cache_hit(small, tmp_path):
     result, out = small
     copy = tmp_path / "again"

@@ -121,9 +121,9 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
     sku = load_sku(sku_path)
     if executor not in EXECUTORS:
         raise UserError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}", where="--executor")
+    if workers is not None and workers < 1:
+        raise UserError(f"must be at least 1, got {workers}", where="--workers")
     workers = workers or max(1, (os.cpu_count() or 1) // max(1, sku.threads))
-    if workers < 1:
-        raise UserError("must be at least 1", where="--workers")
     outdir = Path(outdir or f"batch-{sku.name}")
     tasks = plan(sku)
     with OutdirLock(outdir):
