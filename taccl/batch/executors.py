@@ -69,37 +69,73 @@ def _child(task: Task, root: str) -> None:
     run_task(task, store.put)
 
 
-def run_local(tasks: list, store: Store, *, workers: int, timeout_s: float, progress) -> None:
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+TIMEOUT_REASON = "timed out after {:g} s (job_timeout_s)"
+
+
+def _drive(pool, tasks: list, store: Store, *, workers: int, timeout_s: float, progress) -> None:
+    """The scheduling loop both executors share: at most `workers` tasks in flight, each stopped at its timeout.
+
+    `pool` starts a task (`submit(task) -> handle`), waits (`wait(handles, seconds) -> ready handles`),
+    collects a finished one (`collect(handle) -> reason for any result it lacks`) and stops one (`stop`).
+    """
     pending = list(reversed(tasks))
-    running = {}  # sentinel -> (process, task, start)
+    running = {}  # handle -> (task, start)
     try:
         while pending or running:
             while pending and len(running) < workers:
                 task = pending.pop()
-                proc = ctx.Process(target=_child, args=(task, str(store.root)), daemon=True)
-                proc.start()
-                running[proc.sentinel] = (proc, task, time.monotonic())
+                running[pool.submit(task)] = (task, time.monotonic())
                 progress.started(task)
-            ready = wait(list(running), timeout=1.0)
+            ready = pool.wait(list(running), 1.0)
             now = time.monotonic()
-            for sentinel in list(running):
-                proc, task, start = running[sentinel]
-                if sentinel in ready:
-                    proc.join()
-                    reason, extra = f"worker died ({_describe_exit(proc.exitcode)})", {}
+            for handle in list(running):
+                task, start = running[handle]
+                if handle in ready:
+                    reason, extra = pool.collect(handle), {}
                 elif now - start > timeout_s:
-                    _stop(proc)
-                    reason, extra = f"timed out after {timeout_s:g} s (job_timeout_s)", {"timeout_s": timeout_s}
+                    pool.stop(handle)
+                    reason, extra = TIMEOUT_REASON.format(timeout_s), {"timeout_s": timeout_s}
                 else:
                     continue
-                del running[sentinel]
-                failed = complete(task, store, reason, **extra)
-                progress.finished(task, now - start, failed=failed > 0 or _any_failed(task, store))
+                del running[handle]
+                filled = complete(task, store, reason, **extra)
+                failed = filled > 0 or any((store.get(k) or {}).get("status") != "ok"
+                                           for k in task.keys() if k not in task.done)
+                progress.finished(task, now - start, failed=failed)
             progress.tick()
     finally:
-        for proc, _, _ in running.values():
+        for handle in running:
+            pool.stop(handle)
+
+
+class _Processes:
+    def __init__(self, store: Store):
+        self.root = str(store.root)
+        self.ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        self.procs = {}  # sentinel -> process
+
+    def submit(self, task: Task):
+        proc = self.ctx.Process(target=_child, args=(task, self.root), daemon=True)
+        proc.start()
+        self.procs[proc.sentinel] = proc
+        return proc.sentinel
+
+    def wait(self, handles: list, seconds: float) -> list:
+        return wait(handles, timeout=seconds)
+
+    def collect(self, handle) -> str:
+        proc = self.procs.pop(handle)
+        proc.join()
+        return f"worker died ({_describe_exit(proc.exitcode)})"  # the child stored its results itself
+
+    def stop(self, handle) -> None:
+        proc = self.procs.pop(handle, None)
+        if proc is not None:
             _stop(proc)
+
+
+def run_local(tasks: list, store: Store, *, workers: int, timeout_s: float, progress) -> None:
+    _drive(_Processes(store), tasks, store, workers=workers, timeout_s=timeout_s, progress=progress)
 
 
 def _describe_exit(code) -> str:
@@ -119,19 +155,34 @@ def _stop(proc) -> None:
         proc.join()
 
 
-def _any_failed(task: Task, store: Store) -> bool:
-    for key in task.keys():
-        record = store.get(key)
-        if record is not None and record.get("status") != "ok":
-            return True
-    return False
-
-
 # ------------------------------------------------------------------------------------------------------
 def _collect(task: Task) -> list:
     records = []
     run_task(task, records.append)
     return records
+
+
+class _RayTasks:
+    def __init__(self, ray, store: Store):
+        self.ray, self.store = ray, store
+        self.remote = ray.remote(num_cpus=1, max_retries=0)(_collect)
+
+    def submit(self, task: Task):
+        return self.remote.remote(task)
+
+    def wait(self, handles: list, seconds: float) -> list:
+        return self.ray.wait(handles, num_returns=1, timeout=seconds)[0]
+
+    def collect(self, handle) -> str:
+        try:
+            for record in self.ray.get(handle):
+                self.store.put(record)
+        except Exception as exc:  # the Ray worker crashed or its node was lost
+            return f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return "no result returned"
+
+    def stop(self, handle) -> None:
+        self.ray.cancel(handle, force=True)
 
 
 def run_ray(tasks: list, store: Store, *, workers: int, timeout_s: float, progress, address: str | None = None) -> None:
@@ -146,38 +197,8 @@ def run_ray(tasks: list, store: Store, *, workers: int, timeout_s: float, progre
     if started_here:
         kw = {"address": address} if address else {"num_cpus": workers}
         ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING, **kw)
-    remote = ray.remote(num_cpus=1, max_retries=0)(_collect)
-    pending = list(reversed(tasks))
-    running = {}  # ref -> (task, start)
     try:
-        while pending or running:
-            while pending and len(running) < workers:
-                task = pending.pop()
-                running[remote.remote(task)] = (task, time.monotonic())
-                progress.started(task)
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
-            now = time.monotonic()
-            for ref in list(running):
-                task, start = running[ref]
-                extra = {}
-                if ref in ready:
-                    try:
-                        for record in ray.get(ref):
-                            store.put(record)
-                        reason = "no result returned"
-                    except Exception as exc:  # the Ray worker crashed or was lost
-                        reason = f"Ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                elif now - start > timeout_s:
-                    ray.cancel(ref, force=True)
-                    reason, extra = f"timed out after {timeout_s:g} s (job_timeout_s)", {"timeout_s": timeout_s}
-                else:
-                    continue
-                del running[ref]
-                failed = complete(task, store, reason, **extra)
-                progress.finished(task, now - start, failed=failed > 0 or _any_failed(task, store))
-            progress.tick()
+        _drive(_RayTasks(ray, store), tasks, store, workers=workers, timeout_s=timeout_s, progress=progress)
     finally:
-        for ref in running:
-            ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
