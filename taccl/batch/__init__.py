@@ -49,16 +49,17 @@ class Progress:
 
     def __init__(self, total: int, workers: int, report, *, every_s: float = 15.0):
         self.total, self.workers, self.report, self.every_s = total, workers, report, every_s
-        self.done = self.failed = self.running = 0
+        self.done = self.failed = 0
         self.durations = []
+        self.running = {}  # task key -> start
         self.start = self.last = time.monotonic()
 
     def started(self, task: Task) -> None:
-        self.running += 1
+        self.running[task.key] = time.monotonic()
         self.report(f"start {task.label} ({task.kind}, {task.collective}, {task.nodes} node(s))")
 
     def finished(self, task: Task, seconds: float, *, failed: bool) -> None:
-        self.running -= 1
+        self.running.pop(task.key, None)
         self.done += 1
         self.failed += failed
         self.durations.append(seconds)
@@ -73,9 +74,11 @@ class Progress:
         left = self.total - self.done
         eta = ""
         if self.durations and left:
-            per = sum(self.durations) / len(self.durations)
+            # a running job has taken at least its elapsed time: counting it keeps a stuck estimate honest
+            samples = self.durations + [now - t for t in self.running.values()]
+            per = sum(samples) / len(samples)
             eta = f", ~{_hms(per * left / max(1, min(self.workers, left)))} left"
-        return (f"jobs {self.done}/{self.total} done, {self.running} running, {self.failed} failed; "
+        return (f"jobs {self.done}/{self.total} done, {len(self.running)} running, {self.failed} failed; "
                 f"elapsed {_hms(now - self.start)}{eta}")
 
 
