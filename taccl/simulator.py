@@ -18,7 +18,9 @@ Model (alpha-beta with exclusive resources, the model the synthesizer optimises)
   S = size / nchunksperloop bytes into tiles (Simple 2 MiB, LL 32 KiB, LL128 576,000 B; section 1.8) and
   replays the whole program per tile; dependencies and FIFO positions refer to tile iterations. When a
   size needs more than ``max_exact_tiles`` tiles, that many are simulated and the rest extrapolated from
-  the steady-state time per tile over the second half of them (``SimResult.exact`` is then False).
+  the time per tile over the second half of them, never less than the busiest resource's or thread
+  block's work per tile (a pipeline still filling would otherwise look faster than it can run);
+  ``SimResult.exact`` is then False.
 
 `simulate(program, topology, size_bytes) -> SimResult`; `sweep(program, topology, sizes) -> list`.
 A program that uses a link the topology lacks raises `UserError` naming rank, thread block and step.
@@ -235,7 +237,9 @@ class Simulator:
         total = finish[-1]
         if not exact:
             h = K // 2
-            per_tile = (finish[-1] - finish[h - 1]) / (K - h)
+            # The slope over the second half can still be the pipeline filling (FIFOs absorbing sends), so it
+            # is never taken below the busiest resource's or thread block's work per tile.
+            per_tile = max((finish[-1] - finish[h - 1]) / (K - h), self.tile_floor_us(tile))
             rest = chunk - tile * K  # bytes per chunk beyond the simulated tiles
             total = finish[-1] + per_tile * (rest / tile)
             transfers = int(transfers * ntiles / K)
@@ -243,6 +247,25 @@ class Simulator:
         return SimResult(size_bytes=int(size_bytes), time_us=total, algbw_GBps=algbw,
                          busbw_GBps=algbw * busbw_factor(self.p.collective, self.p.ngpus), tiles=ntiles,
                          exact=exact, transfers=transfers)
+
+    def tile_floor_us(self, tile_bytes: float) -> float:
+        """Work per tile of the busiest link resource or thread block: no steady state is faster."""
+        busy = [0.0] * self.nres
+        tb_busy = 0.0
+        local_bpus = self.opts.local_bw_GBps * 1000.0
+        for G in range(self.ntb):
+            c = self.out_conn[G]
+            t = 0.0
+            for k, n in zip(self.kind[G], self.cnt[G]):
+                if k & _SEND:
+                    d = self.conn_alpha[c] + n * tile_bytes / self.conn_bpus[c]
+                    t += d
+                    for r in self.conn_res[c]:
+                        busy[r] += d
+                elif k & _LOCAL:
+                    t += n * tile_bytes / local_bpus
+            tb_busy = max(tb_busy, t)
+        return max(busy + [tb_busy])
 
     def _run_tiles(self, tile_bytes: list) -> tuple:
         """Event-driven run over the given tile iterations; returns (finish time per iteration, transfers)."""

@@ -1,7 +1,6 @@
 """`taccl batch`: a small SKU end to end, the cache, kill and resume, Ray, faults and bad SKU files."""
 import csv
 import json
-import os
 import shutil
 import signal
 import subprocess

@@ -117,6 +117,22 @@ def test_tiling_replays_program():
     assert big.time_us == pytest.approx(64 * (1.0 + 32 * 1024 / 1000.0), rel=1e-6)
 
 
+def test_extrapolated_tiles_are_not_faster_than_the_busiest_resource():
+    # a synthesized 2x NDv2 AllToAll in LL (written by `taccl batch`): at 64 MiB it runs 128 tiles; the slope
+    # over the first 16 is the pipeline filling (2.2x too fast), the resource floor is the steady state
+    from pathlib import Path
+
+    from taccl.topology import load_topology
+    from taccl.xmlio import read_program
+
+    p = read_program(Path(__file__).parent / "data" / "batch" / "ndv2-alltoall-ll.xml")
+    t = load_topology("ndv2", 2)
+    approx = Simulator(p, t).run(64 << 20)
+    exact = Simulator(p, t, SimOptions(max_exact_tiles=1000)).run(64 << 20)
+    assert not approx.exact and exact.exact and exact.tiles == 128
+    assert approx.time_us == pytest.approx(exact.time_us, rel=0.03)
+
+
 def test_protocol_trades_latency_for_bandwidth():
     # LL pays NCCL's lower per-hop latency (x0.18) but moves half the bytes per wire byte: it wins small
     # messages, Simple wins large ones
