@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taccl.batch import load_sku, plan, run_batch
+from taccl.batch import dry_run, load_sku, plan, run_batch
 from taccl.batch.selection import Contender, _picks
 from taccl.cli import main
 from taccl.errors import UserError
@@ -138,6 +138,14 @@ def test_rerun_is_a_cache_hit(small, tmp_path):
     assert cache_files(copy) == before  # nothing rewritten
     assert rows(copy) == rows(out)
     assert all(j.cached for j in again.selection.jobs)
+
+
+def test_dry_run_reports_the_cache_and_writes_nothing(small, tmp_path, capsys):
+    _, out = small
+    assert {state for _, state in dry_run(SMALL, out)} == {"cached"}
+    fresh = tmp_path / "fresh"
+    assert main(["batch", str(SMALL), "-o", str(fresh), "--dry-run"]) == 0
+    assert "6 jobs, 0 cached" in capsys.readouterr().out and not fresh.exists()
 
 
 def test_kill_and_resume_loses_nothing(small, tmp_path):

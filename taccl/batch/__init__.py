@@ -30,7 +30,7 @@ from .jobs import Task, plan
 from .selection import Selection, select, write_outputs
 from .sku import Sku, load_sku
 
-__all__ = ["run_batch", "BatchResult", "load_sku", "plan", "select", "EXECUTORS"]
+__all__ = ["run_batch", "dry_run", "BatchResult", "load_sku", "plan", "select", "EXECUTORS"]
 
 
 @dataclass
@@ -115,6 +115,16 @@ def _prepare(tasks: list, store: Store, sku: Sku, retry_failed: bool) -> tuple:
                 task.cached[p.key] = records[p.key]
         todo.append(task)
     return todo, cached
+
+
+def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:
+    """[(task, "cached" | "partly cached" | "to run")] without running or writing anything."""
+    sku = load_sku(sku_path)
+    store = Store(Path(outdir or f"batch-{sku.name}") / "cache")
+    tasks = plan(sku)
+    todo, _ = _prepare(tasks, store, sku, retry_failed)
+    pending = {id(t) for t in todo}
+    return [(t, "to run" if not t.done else "partly cached" if id(t) in pending else "cached") for t in tasks]
 
 
 def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: str = "local",

@@ -23,14 +23,28 @@ def register(sub) -> None:
                    help="Ray cluster to join (default $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--retry-failed", action="store_true", help="recompute jobs whose cached result is a failure")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots of the report")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the SKU file and list the jobs with what the cache already holds; run nothing")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..batch import run_batch
+    from ..batch import dry_run, run_batch
 
+    if args.dry_run:
+        rows = dry_run(args.sku, args.output, retry_failed=args.retry_failed)
+        if args.json:
+            json.dump([{"label": t.label, "kind": t.kind, "collective": t.collective, "nodes": t.nodes,
+                        "programs": len(t.programs), "state": state} for t, state in rows], sys.stdout, indent=1)
+            print()
+            return 0
+        for t, state in rows:
+            print(f"{state:<14} {t.kind:<10} {t.collective:<14} {t.nodes:>3} node(s)  {t.label} "
+                  f"({len(t.programs)} program(s))")
+        print(f"{len(rows)} jobs, {sum(s == 'cached' for _, s in rows)} cached")
+        return 0
     report = Reporter(quiet=args.quiet or args.json)
     result = run_batch(args.sku, args.output, workers=args.workers, executor=args.executor,
                        ray_address=args.ray_address, retry_failed=args.retry_failed, report=report,
