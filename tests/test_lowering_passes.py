@@ -188,3 +188,18 @@ def test_lower_cli(tmp_path, capsys):
     assert main(["lower", str(path), "-o", str(tmp_path / "l.xml"), "--dialect", "legacy"]) == 0
     (tmp_path / "broken.json").write_text("{}")
     assert main(["lower", str(tmp_path / "broken.json")]) == 2
+
+
+def test_too_many_thread_blocks_falls_back_to_less_fusion():
+    # fused, every rank of this AllReduce needs 25+ blocks (each fused receive-reduce-send pins a pair of
+    # peers to one block); with a budget of 12 the lowering must try the other fusion modes, not give up
+    from pathlib import Path
+
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "ndv2-sk-1.json"), collective="allreduce")
+    assert lower(algo, max_tbs=1000).max_threadblocks > 12
+    prog = lower(algo, max_tbs=12)
+    assert prog.max_threadblocks <= 12 and check_program(prog).ok

@@ -109,11 +109,17 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
         problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
         if problems:
             last_problems = problems
-            if len(problems) == 1 and "thread blocks" in problems[0] and not packed:
-                # too many thread blocks: pack connections into shared thread blocks, same modes again
-                packed = True
-                attempts = [(m, c, True) for m, c, _ in attempts[k - 1:]]
-                k = 0
+            if len(problems) == 1 and "thread blocks" in problems[0]:
+                if not packed:
+                    # too many thread blocks: pack connections into shared thread blocks, same modes again
+                    packed = True
+                    attempts = [(m, c, True) for m, c, _ in attempts[k - 1:]]
+                    k = 0
+                    continue
+                # still too many: a smaller step cap only adds blocks, but less fusion pins fewer
+                # (receive peer, send peer) pairs to one block: go on with the next fusion mode
+                while k < len(attempts) and attempts[k][0] == mode:
+                    k += 1
                 continue
             if len(problems) == 1 and "steps" in problems[0]:
                 continue  # nops pushed a block over the limit: retry with a lower cap per block
