@@ -1,8 +1,9 @@
 """The batch report: `OUTDIR/report.md` with one PNG per (collective, node count) under `OUTDIR/plots/`.
 
-Each plot shows algorithm bandwidth against message size for every contender (synthesized: solid, baselines:
-dashed), the selected program per size (thick band) and the lower bound's bandwidth (size / bound: no
-algorithm can be above it). The Markdown gives, per group, the windows with their winner and speedup over
+Each plot shows algorithm bandwidth against message size for every candidate sketch and every baseline (each
+the best of its variants at that size; synthesized solid, baselines dashed), the selected program per size
+(thick band) and the lower bound's bandwidth (size / bound: no algorithm can be above it); below it, the
+selected program's speedup over the best baseline. The Markdown gives, per group, the windows with their winner and speedup over
 the best baseline, every failed job with its reason, the synthesis cost, and how to point a runtime at
 the files.
 """
@@ -34,41 +35,61 @@ def _grid(w) -> str:
     return a if a == b else f"{a} - {b}"
 
 
+def _envelopes(g: Group) -> dict:
+    """source (candidate sketch or baseline) -> (kind, best time per size over its variants)."""
+    out = {}
+    for c in g.contenders:
+        if c.status != "ok":
+            continue
+        kind, best = out.get(c.source, (c.kind, [float("inf")] * len(g.sizes)))
+        out[c.source] = (kind, [min(a, b) for a, b in zip(best, c.time_us)])
+    return out
+
+
 def plot_group(g: Group, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    ok = [c for c in g.contenders if c.status == "ok"]
-    for c in sorted(ok, key=lambda c: (c.kind, c.label)):
-        style = "-" if c.kind == "synthesized" else "--"
-        ax.plot(g.sizes, c.algbw_GBps, style, linewidth=1.0, marker="." if c.kind == "synthesized" else None,
-                markersize=3, label=f"{c.label}" + (" (baseline)" if c.kind == "baseline" else ""))
-    by_label = {c.label: c for c in ok}
-    sel_x, sel_y = [], []
+    fig, (ax, sx) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    gb = [s / 1000.0 for s in g.sizes]  # bytes per us = GB/s x 1000
+    for source, (kind, times) in sorted(_envelopes(g).items(), key=lambda kv: (kv[1][0], kv[0])):
+        style = "-" if kind == "synthesized" else "--"
+        ax.plot(g.sizes, [b / t for b, t in zip(gb, times)], style, linewidth=1.2, marker="." if kind == "synthesized" else None,
+                label=f"{source} (best variant)" if kind == "synthesized" else f"{source} (baseline, best protocol)")
+    by_label = {c.label: c for c in g.contenders if c.status == "ok"}
+    sel_x, sel_y, sp_x, sp_y = [], [], [], []
     for w in g.windows:
-        for s in w.sizes:
-            if w.winner:
-                i = g.sizes.index(s)
-                sel_x.append(s)
-                sel_y.append(by_label[w.winner].algbw_GBps[i])
+        if not w.winner:
+            continue
+        for k, s in enumerate(w.sizes):
+            i = g.sizes.index(s)
+            sel_x.append(s)
+            sel_y.append(gb[i] / by_label[w.winner].time_us[i])
+            if w.speedup[k] is not None:
+                sp_x.append(s)
+                sp_y.append(w.speedup[k])
     if sel_x:
         ax.plot(sel_x, sel_y, "-", color="tab:green", linewidth=7, alpha=0.25, label="selected", zorder=0)
-    bound = [(s / t / 1000.0) if t else None for s, t in zip(g.sizes, g.lower_bound_us)]
+    bound = [b / t if t else None for b, t in zip(gb, g.lower_bound_us)]
     if any(b is not None for b in bound):
         ax.plot(g.sizes, bound, ":", color="black", linewidth=1.5, label="lower bound (size / bound)")
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ticks = g.sizes[::max(1, len(g.sizes) // 10)]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([format_size(s) for s in ticks], rotation=45, ha="right")
-    ax.set_xlabel("message size (bytes of the full buffer)")
     ax.set_ylabel("algorithm bandwidth (GB/s)")
     ax.set_title(f"{g.collective}, {g.nodes} node(s), {g.ranks} GPUs")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=7, loc="upper left")
+    sx.axhline(1.0, color="gray", linewidth=1)
+    if sp_x:
+        sx.plot(sp_x, sp_y, "-o", color="tab:green", markersize=3)
+    sx.set_ylabel("selected vs best\nbaseline (x)")
+    sx.grid(True, which="both", alpha=0.3)
+    sx.set_xscale("log", base=2)
+    ticks = g.sizes[::max(1, len(g.sizes) // 10)]
+    sx.set_xticks(ticks)
+    sx.set_xticklabels([format_size(s) for s in ticks], rotation=45, ha="right")
+    sx.set_xlabel("message size (bytes of the full buffer)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
