@@ -1132,7 +1132,9 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
             out = [add(a, b) for a, b in zip(cur, src)]
         else:  # rrs, rrc, rrcs
             out = [add(a, b) for a, b in zip(incoming, src)]
-        if t.uses_dst:
+        if t is StepType.COPY and src is not None and (dpb, doff) == (pb, off):
+            pass  # a copy onto itself (the own chunk of an in-place AllGather): memory is unchanged, no write
+        elif t.uses_dst:
             access_write(sid, rank, dpb, doff, cnt)
             bufs[dpb][doff:doff + cnt] = out
         if t in _SEND_T:

@@ -215,6 +215,26 @@ def test_inplace_aliasing_allgather():
     assert all("out-of-place" in f.message for f in rep.errors)
 
 
+def test_self_copy_in_place_is_not_a_write():
+    # the out-of-place AllGather copies its own chunk i[0] -> o[r] in one tb while another tb sends it; in place
+    # that copy lands on itself (memory unchanged), which must not count as a race with the send
+    n = 3
+
+    def gpu(r, copy_dst):
+        ring = Threadblock(id=0, send=(r + 1) % n, recv=(r - 1) % n, steps=[
+            st(0, S, I, 0, O, r), st(1, RCS, I, -1, O, (r - 1) % n), st(2, R, I, -1, O, (r - 2) % n)])
+        local = Threadblock(id=1, steps=[st(0, CPY, I, 0, O, copy_dst)])
+        return Gpu(id=r, i_chunks=1, o_chunks=n, threadblocks=[ring, local])
+
+    p = prog("allgather", n, n, [gpu(r, r) for r in range(n)])
+    p.inplace = True
+    rep = check_program(p)
+    assert rep.ok and rep.modes == ["inplace", "outofplace"], errors(rep)
+    # a copy to another slot is a real write: it races with the ring's receive there
+    bad = prog("allgather", n, n, [gpu(r, (r + 1) % n) for r in range(n)])
+    assert "race" in check_program(bad).rules("error")
+
+
 def test_custom_collective_gets_no_postcondition():
     p = direct_alltoall(3)
     p.collective = "custom"

@@ -466,7 +466,12 @@ void analyzeProgram(const Program& p) {
         if (stepReadsSrc(st.type))
           for (int c = 0; c < st.cnt; ++c) acc[phys(st.srcbuf, st.srcoff + c)].push_back({v, false});
         if (stepWritesDst(st.type))
-          for (int c = 0; c < st.cnt; ++c) acc[phys(st.dstbuf, st.dstoff + c)].push_back({v, true});
+          for (int c = 0; c < st.cnt; ++c) {
+            int64_t d = phys(st.dstbuf, st.dstoff + c);
+            // a copy onto itself (an in-place AllGather's own chunk) leaves memory unchanged: not a write
+            if (st.type == ST_CPY && d == phys(st.srcbuf, st.srcoff + c)) continue;
+            acc[d].push_back({v, true});
+          }
       }
     auto before = [&](int a, int b) { return vc[(size_t)b * T + nodes[a].tb] >= nodes[a].step + 1; };
     for (auto& kv : acc) {

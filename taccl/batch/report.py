@@ -123,12 +123,12 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
         out += ["", f"## {g.collective}, {g.nodes} node(s), {g.ranks} GPUs", ""]
         if plots:
             out += [f"![{g.collective} x{g.nodes}]({plot_name(g)})", ""]
-        out += ["| window | bytes (minBytes - maxBytes) | grid sizes | winner | kind | best baseline | speedup | file |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += ["| window | bytes (minBytes - maxBytes) | grid sizes | winner | kind | best baseline | speedup | file | "
+                "in-place |", "|---|---|---|---|---|---|---|---|---|"]
         for w in g.windows:
             base = ", ".join(sorted({b for b in w.best_baseline if b})) or "-"
             out.append(f"| {w.index} | {_span(w)} | {_grid(w)} | {w.winner or '-'} | {w.kind} | {base} | {_x(w)} | "
-                       f"{f'`{w.file}`' if w.file else '(runtime default)'} |")
+                       f"{f'`{w.file}`' if w.file else '(runtime default)'} | {'yes' if w.inplace else 'no'} |")
         notes = [f"- window {w.index}: {w.note}" for w in g.windows if w.note]
         failed = [f"- {label}: {reason}" for label, reason in g.failed_jobs]
         bad = [f"- {c.label}: {c.reason}" for c in g.contenders if c.status != "ok" and

@@ -11,7 +11,8 @@ does not compete; the report names it next to the windows a baseline took instea
 
 `select(sku, tasks, store) -> Selection`, and `write_outputs(selection, outdir)`, which writes one XML per
 window (minBytes/maxBytes set, proven by the checker before it is written) into `msccl-algorithms/`, plus
-`selection.csv` and `selection.json`. The XML directory is built aside and swapped in whole, so
+`selection.csv` and `selection.json`. A file also serves in-place calls when the checker proves it with input
+and output aliased. The XML directory is built aside and swapped in whole, so
 MSCCL_ALGO_DIR never sees a mix of two runs.
 """
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Window:
     best_baseline: list  # per size: label of the fastest baseline ("" if none)
     speedup: list  # per size: best baseline time / winner time (None without a baseline)
     file: str = ""  # path relative to OUTDIR, "" when the runtime's own algorithm serves the window
+    inplace: bool = False  # the file also serves in-place calls (proven with input and output aliased)
     note: str = ""
 
     @property
@@ -254,7 +256,7 @@ def _file_name(w: Window) -> str:
 
 
 def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
-    from ..lowering import write_program
+    from ..lowering import verify_program, write_program
     from ..xmlio import parse_xml
 
     outdir = Path(outdir)
@@ -265,15 +267,21 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
     for g in selection.groups:
         by_label = {c.label: c for c in g.contenders}
         for w in g.windows:
-            w.file = ""
+            w.file, w.inplace = "", False
             if w.kind == "none" or (w.kind == "baseline" and not emit_baselines):
                 continue
             record = store.get(by_label[w.winner].key)
             program = parse_xml(record["xml"]).program
             program.min_bytes, program.max_bytes = w.min_bytes, w.max_bytes
             program.name = f"{selection.sku} {w.winner}"[:255]
+            # serve in-place calls too (DDP's AllReduce, FSDP's AllGather) where the program stays correct
+            # with its input and output aliased (msccl-xml.md section 1.8); the checker decides
+            program.inplace = True
+            if not verify_program(program).ok:
+                program.inplace = False
+            w.inplace = program.inplace
             name = _file_name(w)
-            write_program(program, staging / name)  # proves it again, window included
+            write_program(program, staging / name)  # proven with its window (the check above is remembered)
             w.file = f"{XML_DIR}/{name}"
             files.setdefault(g.ranks, []).append(w.file)
     selection.files = {r: sorted(v) for r, v in sorted(files.items())}
@@ -292,7 +300,8 @@ def _swap_in(staging: Path, final: Path) -> None:
 
 
 CSV_COLUMNS = ["collective", "nodes", "ranks", "window", "min_bytes", "max_bytes", "first_grid_size",
-               "last_grid_size", "winner", "kind", "best_baseline", "speedup_min", "speedup_max", "file", "note"]
+               "last_grid_size", "winner", "kind", "best_baseline", "speedup_min", "speedup_max", "file", "inplace",
+               "note"]
 
 
 def selection_csv(selection: Selection) -> str:
@@ -305,7 +314,7 @@ def selection_csv(selection: Selection) -> str:
             base = sorted({b for b in w.best_baseline if b})
             out.writerow([w.collective, w.nodes, w.ranks, w.index, w.min_bytes, w.max_bytes, w.sizes[0], w.sizes[-1],
                           w.winner or "-", w.kind, " ".join(base) or "-", _num(lo), _num(hi), w.file or "-",
-                          w.note])
+                          "yes" if w.inplace else "no", w.note])
     return buf.getvalue()
 
 
