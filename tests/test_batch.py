@@ -154,6 +154,18 @@ def test_rerun_is_a_cache_hit(small, tmp_path):
     assert all(j.cached for j in again.selection.jobs)
 
 
+def test_prune_keeps_exactly_the_current_results(small, tmp_path):
+    _, out = small
+    copy = tmp_path / "pruned"
+    shutil.copytree(out, copy)
+    stale = copy / "cache" / "ab" / ("ab" + "0" * 62 + ".json")
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_text('{"key": "stale"}\n')
+    before = set(cache_files(copy)) - {stale}
+    again = run_batch(SMALL, copy, workers=1, prune=True)
+    assert again.computed == 0 and not stale.exists() and set(cache_files(copy)) == before
+
+
 def test_dry_run_reports_the_cache_and_writes_nothing(small, tmp_path, capsys):
     _, out = small
     assert {state for _, state in dry_run(SMALL, out)} == {"cached"}

@@ -129,7 +129,7 @@ def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:
 
 def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: str = "local",
               ray_address: str | None = None, retry_failed: bool = False, report=SILENT,
-              plots: bool = True) -> BatchResult:
+              plots: bool = True, prune: bool = False) -> BatchResult:
     t0 = time.monotonic()
     sku = load_sku(sku_path)
     if executor not in EXECUTORS:
@@ -156,6 +156,9 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
         from .report import write_report
 
         write_report(selection, outdir, sku, plots=plots, wall_s=time.monotonic() - t0)
+        if prune:
+            n = store.prune({k for t in tasks for k in t.keys()})
+            report(f"pruned {n} cache record(s) this SKU no longer uses")
     failed = sum(1 for j in selection.jobs if j.status != "ok")
     return BatchResult(sku=sku, selection=selection, outdir=outdir, computed=len(todo),
                        cached=len(tasks) - len(todo), failed=failed, wall_s=time.monotonic() - t0)

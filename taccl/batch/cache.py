@@ -38,6 +38,16 @@ class Store:
     def put(self, record: dict) -> None:
         atomic_write(self.path(record["key"]), json.dumps(record, separators=(",", ":")) + "\n")
 
+    def prune(self, keep: set) -> int:
+        """Delete every record whose key is not in `keep` (results of older inputs or taccl versions)."""
+        n = 0
+        if self.root.is_dir():
+            for p in self.root.glob("*/*.json"):
+                if p.stem not in keep:
+                    p.unlink(missing_ok=True)
+                    n += 1
+        return n
+
     def remove_temporaries(self) -> int:
         """Temporary files of writes that a kill interrupted (atomic_write names them .<name>.*.tmp)."""
         n = 0

@@ -108,7 +108,9 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
                f"{', '.join(sku.collectives)}; sizes {format_size(selection.grid[0])} to {format_size(selection.grid[-1])} "
                f"({len(selection.grid)} points). Solver {sku.solver}, {sku.time_limit_s:g} s per MILP stage. "
                f"taccl {selection.tool}." + (f" Batch wall time {wall_s:.0f} s." if wall_s is not None else ""))
-    out += ["", "Times are the simulator's (alpha-beta with link, switch-port and NIC contention, runtime tiling). "
+    out += ["", f"Made by `taccl batch {sku.path}`; a rerun reuses every cached result and recomputes only what "
+            f"changed.", ""]
+    out += ["Times are the simulator's (alpha-beta with link, switch-port and NIC contention, runtime tiling). "
             "Speedup is the best baseline's time divided by the selected program's, per grid size in the window.", ""]
     out += ["## At a glance", "", "| collective | nodes | GPUs | synthesized wins | speedup over best baseline | "
             "baseline wins | failed jobs |", "|---|---|---|---|---|---|---|"]

@@ -23,6 +23,8 @@ def register(sub) -> None:
                    help="Ray cluster to join (default $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--retry-failed", action="store_true", help="recompute jobs whose cached result is a failure")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots of the report")
+    p.add_argument("--prune", action="store_true",
+                   help="after the run, delete cached results this SKU no longer uses (older inputs or taccl versions)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the SKU file and list the jobs with what the cache already holds; run nothing")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -48,7 +50,7 @@ def run(args) -> int:
     report = Reporter(quiet=args.quiet or args.json)
     result = run_batch(args.sku, args.output, workers=args.workers, executor=args.executor,
                        ray_address=args.ray_address, retry_failed=args.retry_failed, report=report,
-                       plots=not args.no_plots)
+                       plots=not args.no_plots, prune=args.prune)
     sel, out = result.selection, result.outdir
     env = {str(r): ":".join(str(out / f) for f in files) for r, files in sel.files.items()}
     if args.json:
