@@ -74,7 +74,9 @@ def run(args) -> int:
             print("tell the runtime:")
             print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # MSCCL executor, RCCL")
             for ranks, files in env.items():
-                print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs: taccl runtime, legacy MSCCL")
+                n = files.count(":") + 1
+                legacy = "legacy MSCCL" if n <= 4 else "legacy MSCCL reads only the first 4"
+                print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs, {n} file(s): taccl runtime; {legacy}")
         if result.failed:
             print(f"{result.failed} job(s) failed; their reasons are in the report (their sizes use the best "
                   f"remaining program)")
