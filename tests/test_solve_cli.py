@@ -123,3 +123,18 @@ def test_solver_without_solution_falls_back_to_heuristic(monkeypatch, tmp_path):
     algo = synthesize(load_sketch(write(tmp_path, GOOD, "ok.json")))
     assert algo.stages[0]["status"] == "no_solution"
     assert any("heuristic" in n for n in algo.notes)
+
+
+def test_solved_program_serves_in_place_calls_when_proven(tmp_path, capsys):
+    rc = main(["solve", str(ROOT / "sketches" / "ndv2-single.json"), "--json", "-o", str(tmp_path)])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["inplace"] is True
+    from taccl.xmlio import read_program
+
+    prog = read_program(tmp_path / "ndv2-single.xml")
+    assert prog.inplace and prog.outofplace
+    # an AllToAll program cannot run in place (a rank overwrites blocks it has yet to send)
+    rc = main(["solve", str(ROOT / "sketches" / "ndv2-single.json"), "--collective", "alltoall", "--json",
+               "-o", str(tmp_path), "--time-limit", "5"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["inplace"] is False

@@ -256,7 +256,7 @@ def _file_name(w: Window) -> str:
 
 
 def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
-    from ..lowering import verify_program, write_program
+    from ..lowering import serve_inplace, write_program
     from ..xmlio import parse_xml
 
     outdir = Path(outdir)
@@ -276,10 +276,7 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
             program.name = f"{selection.sku} {w.winner}"[:255]
             # serve in-place calls too (DDP's AllReduce, FSDP's AllGather) where the program stays correct
             # with its input and output aliased (msccl-xml.md section 1.8); the checker decides
-            program.inplace = True
-            if not verify_program(program).ok:
-                program.inplace = False
-            w.inplace = program.inplace
+            w.inplace = serve_inplace(program)
             name = _file_name(w)
             write_program(program, staging / name)  # proven with its window (the check above is remembered)
             w.file = f"{XML_DIR}/{name}"

@@ -66,6 +66,7 @@ def run(args) -> int:
         write_program(program, xml_path)
         written.append(str(xml_path))
     summary = {"name": name, "time_us": algo.time_us, "lower_bound_us": algo.lower_bound_us,
+               "inplace": bool(program is not None and program.inplace),
                "ratio": algo.time_us / algo.lower_bound_us if algo.lower_bound_us else None,
                "transfers": len(algo.transfers), "stages": algo.stages, "notes": algo.notes, "files": written}
     if args.json:
@@ -82,5 +83,10 @@ def run(args) -> int:
 def _lower(algo, args, report):
     from ..lowering import lower
 
+    from ..lowering import serve_inplace
+
     report(f"lowering to MSCCL XML (proto {args.proto}, {args.instances} instance(s))")
-    return lower(algo, instances=args.instances, proto=args.proto)
+    program = lower(algo, instances=args.instances, proto=args.proto)
+    if serve_inplace(program):
+        report("the program also serves in-place calls (proven with input and output aliased)")
+    return program

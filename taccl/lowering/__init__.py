@@ -33,7 +33,8 @@ from .instructions import generate
 from .ops import ChunkOp
 from .schedule import OrderFailed, allocate
 
-__all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "DEFAULT_MAX_TBS"]
+__all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
+           "DEFAULT_MAX_TBS"]
 
 MAX_CHANNELS = 32
 DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
@@ -213,6 +214,15 @@ def verify_program(program: Program, *, dialect: str = "executor"):
         if len(_PROVEN) > 4096:
             _PROVEN.clear()
     return report
+
+
+def serve_inplace(program: Program) -> bool:
+    """Let a proven out-of-place program serve in-place calls too (executor dialect: both flags set) when the
+    checker proves it with input and output aliased as the runtime aliases them; returns whether it does."""
+    program.inplace = True
+    if not verify_program(program).ok:
+        program.inplace = False
+    return program.inplace
 
 
 def write_program(program: Program, path, dialect: str = "executor"):
