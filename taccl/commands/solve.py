@@ -81,9 +81,7 @@ def run(args) -> int:
 
 
 def _lower(algo, args, report):
-    from ..lowering import lower
-
-    from ..lowering import serve_inplace
+    from ..lowering import lower, serve_inplace
 
     report(f"lowering to MSCCL XML (proto {args.proto}, {args.instances} instance(s))")
     program = lower(algo, instances=args.instances, proto=args.proto)
