@@ -127,19 +127,10 @@ __global__ void __launch_bounds__(kThreads) interpreterKernel(LaunchArgs a, DevC
 
 using KernelFn = void (*)(LaunchArgs, DevCtl);
 
-KernelFn pickKernel(int dtype, int op) {
-#define TACCL_OP_CASE(OI, OP) \
-  if (op == OI) return &interpreterKernel<TYPE, OP>;
-#define TACCL_TYPE_CASE(TI, T)       \
-  if (dtype == TI) {                 \
-    using TYPE = T;                  \
-    TACCL_FOR_EACH_OP(TACCL_OP_CASE) \
-  }
-  TACCL_FOR_EACH_TYPE(TACCL_TYPE_CASE)
-#undef TACCL_TYPE_CASE
-#undef TACCL_OP_CASE
-  return nullptr;
-}
+template <class T, template <class> class Op>
+struct KernelOf {
+  static constexpr KernelFn value = &interpreterKernel<T, Op>;
+};
 
 struct CudaFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -228,7 +219,7 @@ bool cudaMemcpyUs(int64_t bytes, int iters, double* us) {
 RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers, const RunOptions& opt) {
   RunReport rep;
   try {
-    KernelFn kernel = pickKernel(plan.call.dtype, plan.call.op);
+    KernelFn kernel = pickInstance<KernelOf>(plan.call.dtype, plan.call.op);
     if (!kernel) throw CudaFailure("unknown data type or reduction operator");
     int visible = 0;
     ck(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");

@@ -75,25 +75,16 @@ void runBlock(HostShared* sh, const LaunchArgs* a, int g) {
 
 using BlockFn = void (*)(HostShared*, const LaunchArgs*, int);
 
-BlockFn pickBlockFn(int dtype, int op) {
-#define TACCL_OP_CASE(OI, OP) \
-  if (op == OI) return &runBlock<TYPE, OP>;
-#define TACCL_TYPE_CASE(TI, T)             \
-  if (dtype == TI) {                       \
-    using TYPE = T;                        \
-    TACCL_FOR_EACH_OP(TACCL_OP_CASE)       \
-  }
-  TACCL_FOR_EACH_TYPE(TACCL_TYPE_CASE)
-#undef TACCL_TYPE_CASE
-#undef TACCL_OP_CASE
-  return nullptr;
-}
+template <class T, template <class> class Op>
+struct BlockFnOf {
+  static constexpr BlockFn value = &runBlock<T, Op>;
+};
 
 }  // namespace
 
 RunReport runHost(const Plan& plan, const std::vector<char*>& userBufs, const RunOptions& opt) {
   RunReport rep;
-  BlockFn fn = pickBlockFn(plan.call.dtype, plan.call.op);
+  BlockFn fn = pickInstance<BlockFnOf>(plan.call.dtype, plan.call.op);
   if (!fn) {
     rep.outcome = Outcome::Failed;
     rep.message = "unknown data type or reduction operator";

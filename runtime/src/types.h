@@ -119,4 +119,21 @@ template <class T> struct OpMax { TACCL_HD static T apply(T a, T b) { return Ari
   X(6, taccl::f16) X(7, taccl::bf16) X(8, float) X(9, double)
 #define TACCL_FOR_EACH_OP(X) X(0, taccl::OpSum) X(1, taccl::OpProd) X(2, taccl::OpMin) X(3, taccl::OpMax)
 
+// Inst<T, Op>::value for a run-time (dtype, op) pair, nullptr if either is unknown: each backend instantiates
+// its entry point (a CUDA kernel, a host thread function) for every type and reduction through this one switch.
+template <template <class, template <class> class> class Inst>
+decltype(Inst<float, OpSum>::value) pickInstance(int dtype, int op) {
+#define TACCL_OP_CASE(OI, OP) \
+  if (op == OI) return Inst<TYPE, OP>::value;
+#define TACCL_TYPE_CASE(TI, T) \
+  if (dtype == TI) {           \
+    using TYPE = T;            \
+    TACCL_FOR_EACH_OP(TACCL_OP_CASE) \
+  }
+  TACCL_FOR_EACH_TYPE(TACCL_TYPE_CASE)
+#undef TACCL_TYPE_CASE
+#undef TACCL_OP_CASE
+  return nullptr;
+}
+
 }  // namespace taccl
