@@ -249,22 +249,20 @@ Program loadProgramText(const std::string& text, const std::string& path, const 
       Where tw = gw;
       tw.line = tb.line;
       tw.tb = tb.id;
-      if (tb.send >= 0) {
-        auto key = std::make_pair(tb.chan, tb.send);
-        if (sendOwner.count(key))
-          fail(tw, "thread blocks " + std::to_string(sendOwner[key]) + " and " + std::to_string(tb.id) +
-                       " both send to rank " + std::to_string(tb.send) + " on channel " + std::to_string(tb.chan));
-        sendOwner[key] = tb.id;
-        if (++senders[tb.chan] > kMaxTbsPerChannel) fail(tw, "more than 32 sending thread blocks on one channel");
-      }
-      if (tb.recv >= 0) {
-        auto key = std::make_pair(tb.chan, tb.recv);
-        if (recvOwner.count(key))
-          fail(tw, "thread blocks " + std::to_string(recvOwner[key]) + " and " + std::to_string(tb.id) +
-                       " both receive from rank " + std::to_string(tb.recv) + " on channel " + std::to_string(tb.chan));
-        recvOwner[key] = tb.id;
-        if (++receivers[tb.chan] > kMaxTbsPerChannel) fail(tw, "more than 32 receiving thread blocks on one channel");
-      }
+      // one thread block per (channel, peer) and direction, at most 32 per channel and direction
+      auto claim = [&](int peer, std::map<std::pair<int, int>, int>& owner, std::vector<int>& count,
+                       const char* verb, const char* noun) {
+        if (peer < 0) return;
+        auto key = std::make_pair(tb.chan, peer);
+        if (owner.count(key))
+          fail(tw, "thread blocks " + std::to_string(owner[key]) + " and " + std::to_string(tb.id) + " both " + verb +
+                       " rank " + std::to_string(peer) + " on channel " + std::to_string(tb.chan));
+        owner[key] = tb.id;
+        if (++count[tb.chan] > kMaxTbsPerChannel)
+          fail(tw, std::string("more than 32 ") + noun + " thread blocks on one channel");
+      };
+      claim(tb.send, sendOwner, senders, "send to", "sending");
+      claim(tb.recv, recvOwner, receivers, "receive from", "receiving");
     }
     // Dependencies: target exists on this rank, id <= 127, step exists and publishes (hasdep=1).
     for (auto& tb : rp.tbs) {
