@@ -117,10 +117,14 @@ def _prepare(tasks: list, store: Store, sku: Sku, retry_failed: bool) -> tuple:
     return todo, cached
 
 
+def _outdir(sku: Sku, outdir) -> Path:
+    return Path(outdir or f"batch-{sku.name}")
+
+
 def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:
     """[(task, "cached" | "partly cached" | "to run")] without running or writing anything."""
     sku = load_sku(sku_path)
-    store = Store(Path(outdir or f"batch-{sku.name}") / "cache")
+    store = Store(_outdir(sku, outdir) / "cache")
     tasks = plan(sku)
     todo, _ = _prepare(tasks, store, sku, retry_failed)
     pending = {id(t) for t in todo}
@@ -137,7 +141,7 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
     if workers is not None and workers < 1:
         raise UserError(f"must be at least 1, got {workers}", where="--workers")
     workers = workers or max(1, (os.cpu_count() or 1) // max(1, sku.threads))
-    outdir = Path(outdir or f"batch-{sku.name}")
+    outdir = _outdir(sku, outdir)
     tasks = plan(sku)
     with OutdirLock(outdir):
         store = Store(outdir / "cache")

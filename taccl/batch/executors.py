@@ -43,14 +43,19 @@ def run_task(task: Task, emit) -> None:
                 put(failure(key, "task", f"{type(exc).__name__}: {exc}"))
 
 
-def complete(task: Task, store: Store, reason: str, **extra) -> int:
-    """Record `reason` for every key of `task` that has no result yet; return how many."""
-    n = 0
+def complete(task: Task, store: Store, reason: str, **extra) -> bool:
+    """Record `reason` for every key of `task` that has no result yet; return whether any result failed."""
+    failed = False
     for key in task.keys():
-        if key not in task.done and not store.has(key):
+        if key in task.done:
+            continue
+        record = store.get(key)
+        if record is None:
             store.put(failure(key, "task", reason, label=task.label, **extra))
-            n += 1
-    return n
+            failed = True
+        elif record.get("status") != "ok":
+            failed = True
+    return failed
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -98,10 +103,7 @@ def _drive(pool, tasks: list, store: Store, *, workers: int, timeout_s: float, p
                 else:
                     continue
                 del running[handle]
-                filled = complete(task, store, reason, **extra)
-                failed = filled > 0 or any((store.get(k) or {}).get("status") != "ok"
-                                           for k in task.keys() if k not in task.done)
-                progress.finished(task, now - start, failed=failed)
+                progress.finished(task, now - start, failed=complete(task, store, reason, **extra))
             progress.tick()
     finally:
         for handle in running:
