@@ -29,8 +29,8 @@ import yaml
 from ..baselines import BASELINES
 from ..collectives import ALIASES, NAMES
 from ..errors import UserError
-from ..fileio import json_path, load_schema
-from ..sketch import load_sketch
+from ..fileio import json_path, load_json, load_schema
+from ..sketch import sketch_from_dict
 from ..topology import TopologySpec, load_spec
 from ..units import parse_size, parse_size_range
 
@@ -276,12 +276,13 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
     if not isinstance(cdoc, dict) or "sketch" not in cdoc:
         return None  # reported by the schema
     sketch_path = base / cdoc["sketch"]
-    sketch = None
+    sketch = doc = None
     if not sketch_path.is_file():
         problems.add(at + ("sketch",), f"no such sketch file: {sketch_path}")
     else:
         try:
-            sketch = load_sketch(sketch_path)
+            doc = load_json(sketch_path)
+            sketch = sketch_from_dict(doc, path=str(sketch_path))
         except UserError as exc:
             problems.add(at + ("sketch",), f"sketch does not load: {exc}")
     colls = []
@@ -312,10 +313,8 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
             why = _misfit(sketch, spec, n, colls[0])
             if why:
                 problems.add(at + ("sketch",), f"does not fit {spec.name} x{n}: {why}")
-    from ..fileio import load_json
-
     name = cdoc.get("name") or sketch_path.name.removesuffix(".json")
-    return Candidate(name=name, sketch_path=str(sketch_path.resolve()), sketch_doc=load_json(sketch_path),
+    return Candidate(name=name, sketch_path=str(sketch_path.resolve()), sketch_doc=doc,
                      collectives=tuple(colls), nodes=cnodes, synthesis_sizes=tuple(synth),
                      chunkups=tuple(variants.get("chunkup", (None,))), switch_policies=policies,
                      instances=tuple(variants.get("instances", (1,))),
