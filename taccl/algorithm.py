@@ -56,6 +56,9 @@ class Algorithm:
     stages: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     sketch: str | None = None
+    protocol: str = "Simple"  # the runtime protocol the costs are for and the lowering uses by default
+    instances: int = 1  # thread blocks per connection the costs assume and the lowering uses by default
+    call_us: float = 0.0  # the runtime's fixed cost per call, included in time_us
 
     def to_json(self) -> dict:
         doc = {"format": FORMAT}
@@ -79,13 +82,26 @@ class Algorithm:
                                   arrive_us=float(t["arrive_us"]), deps=tuple(int(d) for d in t.get("deps", ())),
                                   link=str(t.get("link", "")))
                          for t in doc["transfers"]]
-            return cls(name=str(doc["name"]), collective=dict(doc["collective"]), topology=dict(doc["topology"]),
+            algo = cls(name=str(doc["name"]), collective=dict(doc["collective"]), topology=dict(doc["topology"]),
                        input_size_bytes=int(doc["input_size_bytes"]), chunk_bytes=float(doc["chunk_bytes"]),
                        transfers=transfers, time_us=float(doc["time_us"]),
                        lower_bound_us=float(doc.get("lower_bound_us", 0.0)), lower_bounds=dict(doc.get("lower_bounds", {})),
-                       stages=list(doc.get("stages", [])), notes=list(doc.get("notes", [])), sketch=doc.get("sketch"))
+                       stages=list(doc.get("stages", [])), notes=list(doc.get("notes", [])), sketch=doc.get("sketch"),
+                       protocol=str(doc.get("protocol", "Simple")), instances=int(doc.get("instances", 1)),
+                       call_us=float(doc.get("call_us", 0.0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"malformed algorithm file: {exc!r}", path=path) from None
+        if algo.protocol not in ("Simple", "LL128", "LL"):
+            raise UserError(f"unknown protocol {algo.protocol!r}; expected Simple, LL128 or LL", path=path,
+                            where="$.protocol")
+        if algo.instances < 1:
+            raise UserError(f"instances must be at least 1, got {algo.instances}", path=path, where="$.instances")
+        return algo
+
+    @property
+    def makespan_us(self) -> float:
+        """The schedule's own length: `time_us` without the call cost."""
+        return self.time_us - self.call_us
 
     def make_collective(self) -> Collective:
         return collective_from_json(self.collective)
@@ -122,8 +138,11 @@ def collective_from_json(doc: dict) -> Collective:
 def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
     """Prove the schedule implements `coll`; raise CheckFailed naming the first broken transfer.
 
-    `resources_of(src, dst)` (optional) gives the exclusive resources of a link; when given, no two
-    transfers may overlap in time on one resource.
+    `resources_of(src, dst)` (optional) gives a link's latency, the sender's share of it and its shared
+    resources, ``(alpha_us, overhead_us, [(resource, lanes), ...])`` (the synthesizer's model,
+    `taccl.ordering`); when given, no two transfers overlap on one connection (src, dst) until their data
+    left, and no shared resource carries more transfers' data (which starts the overhead after the send and
+    leaves the in-flight latency before the arrival) at once than it has lanes.
     """
     by_id = {t.id: t for t in algo.transfers}
     # Contribution multisets: state[(chunk, rank)] = Counter of origin ranks summed into that copy.
@@ -143,13 +162,23 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
             if d not in by_id or by_id[d].arrive_us > t.send_us + EPS_US:
                 raise CheckFailed(f"transfer {t.id} ({t.src}->{t.dst}) is sent at {t.send_us:.3f} us before its dependency {d} arrives")
         if resources_of is not None:
-            for res in resources_of(t.src, t.dst):
-                busy[res].append((t.send_us, t.arrive_us, t.id))
+            alpha, overhead, shared = resources_of(t.src, t.dst)
+            sent = max(t.send_us, t.arrive_us - (alpha - overhead))  # the data has left
+            busy[("conn", t.src, t.dst)].append((t.send_us, sent, t.id, 1))
+            for res, lanes in shared:
+                busy[res].append((min(t.send_us + overhead, sent), sent, t.id, lanes))
     for res, spans in busy.items():
-        spans.sort()
-        for (s0, e0, i0), (s1, e1, i1) in zip(spans, spans[1:]):
-            if s1 + EPS_US < e0:
-                raise CheckFailed(f"transfers {i0} and {i1} use {res} at the same time ({s1:.3f} us < {e0:.3f} us)")
+        # sweep: ends before starts at the same instant (within EPS_US)
+        events = sorted([(s0 + EPS_US, 1, i, n) for s0, _, i, n in spans] + [(e0, -1, i, n) for _, e0, i, n in spans])
+        active = set()
+        for _, kind, i, lanes in events:
+            if kind < 0:
+                active.discard(i)
+                continue
+            active.add(i)
+            if len(active) > lanes:
+                raise CheckFailed(f"transfers {sorted(active)} use {res} at the same time, which carries "
+                                  f"{lanes} at once")
     # Replay in time order, arrivals before sends at the same instant: a send reads its source's state then.
     pending = sorted([(round(t.arrive_us, 6), 0, t.id) for t in algo.transfers] +
                      [(round(t.send_us, 6), 1, t.id) for t in algo.transfers])

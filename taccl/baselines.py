@@ -5,12 +5,18 @@
 =====================  ======================================  ==============================================
 name                   collectives                             what
 =====================  ======================================  ==============================================
-ring                   allgather, reducescatter, allreduce     NCCL-style ring through a Hamiltonian cycle
-                                                               of each node's links, nodes chained by NICs
+ring                   allgather, reducescatter, allreduce     NCCL-style rings through a Hamiltonian cycle
+                                                               of each node's links; on several nodes one
+                                                               ring per NIC, each entering and leaving a
+                                                               node through its own NICs, on its own
+                                                               channel (as NCCL's rings use every NIC)
 double-binary-tree     allreduce                               NCCL-style: a chain inside each node, two
                                                                binary trees over the nodes (mirrored), each
                                                                tree reducing then broadcasting half the data
-direct                 alltoall, allgather                     every rank sends straight to every other
+direct                 alltoall, allgather, reducescatter,     every rank sends straight to every other (the
+                       allreduce                               MSCCL "allpairs" programs): ReduceScatter into
+                                                               the owner's scratch and one local reduction,
+                                                               AllReduce that then gathered from the owners
 hierarchical           allreduce                               intra-node ring reduce-scatter, inter-node ring
                                                                allreduce per shard, intra-node ring allgather
 two-step               alltoall (several nodes)                intra-node exchange into a per-destination-node
@@ -34,7 +40,7 @@ __all__ = ["BASELINES", "build", "build_dsl", "applicable", "ring_order", "node_
 BASELINES = {
     "ring": ("allgather", "reducescatter", "allreduce"),
     "double-binary-tree": ("allreduce",),
-    "direct": ("alltoall", "allgather"),
+    "direct": ("alltoall", "allgather", "reducescatter", "allreduce"),
     "hierarchical": ("allreduce",),
     "two-step": ("alltoall",),
 }
@@ -87,57 +93,87 @@ def node_cycle(topology) -> list:
 
 def ring_order(topology) -> list:
     """Global ranks in ring order: each node's cycle opened into a path, nodes chained through NICs."""
+    return ring_orders(topology)[0]
+
+
+def ring_orders(topology) -> list:
+    """NCCL-style rings: one per NIC on several nodes, else one.
+
+    Ring j opens each node's cycle at a different place, so it enters a node through one GPU's NIC and
+    leaves through another's; the rings' entry GPUs use distinct NICs, and so do their exit GPUs, so
+    together they drive every NIC in both directions.
+    """
     cyc = node_cycle(topology)
-    return [topology.rank(n, l) for n in range(topology.nodes) for l in cyc]
+    g, N = topology.gpus_per_node, topology.nodes
+    nics = len(topology.spec.nics)
+    if N == 1 or nics <= 1:
+        starts = [0]
+    else:
+        step = max(1, g // nics)
+        starts, used_in, used_out = [], set(), set()
+        for j in range(0, g, step):
+            nin, nout = topology.nic_of(cyc[j]), topology.nic_of(cyc[j - 1])
+            if nin in used_in or nout in used_out:
+                continue
+            used_in.add(nin)
+            used_out.add(nout)
+            starts.append(j)
+    return [[topology.rank(n, l) for n in range(N) for l in cyc[j:] + cyc[:j]] for j in starts]
 
 
 # ------------------------------------------------------------------------------------------------------
 # Algorithms
+# Rings work on pieces: rank r's share of the buffer is slots r*K .. r*K+K-1; a ring moves the `w` slots
+# starting at r*K + off of every rank (K = rings * chunk-up, off = ring * chunk-up, w = chunk-up).
 
 
-def _ring_allgather(prog, order, k, *, buf_src="input"):
+def _ring_allgather(prog, order, K, off, w, ch, *, buf_src="input"):
     R = len(order)
     pos = {r: p for p, r in enumerate(order)}
     refs = {}
     for r in order:
-        refs[r] = prog.chunk(r, buf_src, 0 if buf_src == "input" else r * k, k)
+        refs[r] = prog.chunk(r, buf_src, off if buf_src == "input" else r * K + off, w)
     for step in range(1, R):
         for r in order:
             nxt = order[(pos[r] + step) % R]
-            refs[r] = refs[r].copy(nxt, "output", r * k)
+            refs[r] = refs[r].copy(nxt, "output", r * K + off, ch=ch)
     if buf_src == "input":
         for r in order:
-            prog.chunk(r, "input", 0, k).copy(r, "output", r * k)
+            prog.chunk(r, "input", off, w).copy(r, "output", r * K + off)
 
 
-def _ring_reduce_scatter(prog, order, k, *, into_output_all: bool):
-    """Owner o's chunks travel o+1, o+2, ..., o, each rank adding its input; partial sums go to scratch
+def _ring_reduce_scatter(prog, order, K, off, w, ch, *, into_output_all: bool):
+    """Owner o's pieces travel o+1, o+2, ..., o, each rank adding its input; partial sums go to scratch
     (ReduceScatter) or to the output slot (AllReduce, overwritten later by the allgather)."""
     R = len(order)
     pos = {r: p for p, r in enumerate(order)}
-    acc = {o: prog.chunk(order[(pos[o] + 1) % R], "input", o * k, k) for o in order}
+    acc = {o: prog.chunk(order[(pos[o] + 1) % R], "input", o * K + off, w) for o in order}
     for step in range(1, R):
         for o in order:
             b = order[(pos[o] + 1 + step) % R]
             if into_output_all:
-                into = ("output", o * k)
+                into = ("output", o * K + off)
             else:
-                into = ("output", 0) if b == o else ("partial", o * k)
-            acc[o] = prog.chunk(b, "input", o * k, k).reduce(acc[o], into=into)
+                into = ("output", off) if b == o else ("partial", o * K + off)
+            acc[o] = prog.chunk(b, "input", o * K + off, w).reduce(acc[o], into=into, ch=ch)
 
 
 def ring(topology, coll: str, chunkup: int = 1) -> DSLProgram:
-    order = ring_order(topology)
-    R = len(order)
-    prog = DSLProgram(coll, R, chunkup, name=f"ring-{coll}")
-    k = chunkup
-    if coll == "allgather":
-        _ring_allgather(prog, order, k)
-    elif coll == "reducescatter":
-        _ring_reduce_scatter(prog, order, k, into_output_all=False)
-    elif coll == "allreduce":
-        _ring_reduce_scatter(prog, order, k, into_output_all=True)
-        _ring_allgather(prog, order, k, buf_src="output")
+    orders = ring_orders(topology)
+    R, w = len(orders[0]), chunkup
+    K = w * len(orders)
+    prog = DSLProgram(coll, R, K, name=f"ring-{coll}")
+    for j, order in enumerate(orders):
+        ch = j if len(orders) > 1 else None
+        if coll == "allgather":
+            _ring_allgather(prog, order, K, j * w, w, ch)
+        elif coll == "reducescatter":
+            _ring_reduce_scatter(prog, order, K, j * w, w, ch, into_output_all=False)
+        elif coll == "allreduce":
+            _ring_reduce_scatter(prog, order, K, j * w, w, ch, into_output_all=True)
+    if coll == "allreduce":
+        for j, order in enumerate(orders):
+            _ring_allgather(prog, order, K, j * w, w, j if len(orders) > 1 else None, buf_src="output")
     return prog
 
 
@@ -145,6 +181,9 @@ def direct(topology, coll: str, chunkup: int = 1) -> DSLProgram:
     R = topology.num_ranks
     k = chunkup
     prog = DSLProgram(coll, R, chunkup, name=f"direct-{coll}")
+    if coll in ("reducescatter", "allreduce"):
+        _direct_reduce(prog, R, k, into_output_all=coll == "allreduce")
+        return prog
     for off in range(1, R):
         for s in range(R):
             d = (s + off) % R
@@ -155,6 +194,24 @@ def direct(topology, coll: str, chunkup: int = 1) -> DSLProgram:
     for s in range(R):
         prog.chunk(s, "input", s * k if coll == "alltoall" else 0, k).copy(s, "output", s * k)
     return prog
+
+
+def _direct_reduce(prog, R, k, *, into_output_all: bool):
+    """Every rank sends owner d's block into d's scratch; d reduces the R-1 blocks and its own in one
+    local pass (consecutive `re` steps the runtime fuses); AllReduce then sends the sum to everyone."""
+    for off in range(1, R):
+        for s in range(R):
+            d = (s + off) % R
+            prog.chunk(s, "input", d * k, k).copy(d, "gathered", s * k)
+    for d in range(R):
+        home = ("output", d * k) if into_output_all else ("output", 0)
+        acc = prog.chunk(d, "input", d * k, k).copy(d, *home)
+        for off in range(1, R):
+            acc = acc.reduce(prog.chunk(d, "gathered", ((d + off) % R) * k, k))
+    if into_output_all:
+        for off in range(1, R):
+            for s in range(R):
+                prog.chunk(s, "output", s * k, k).copy((s + off) % R, "output", s * k)
 
 
 def _trees(n: int):

@@ -16,7 +16,12 @@
     the alpha diameter: the smallest sum of alphas along a path between the farthest pair of ranks that
     must communicate.
 
-`lower_bound(...)` is the largest of them. `size_bytes` follows MSCCL's convention (the largest buffer:
+``call_us``
+    the runtime's fixed cost of one call (the topology's ``runtime.call_us``), paid by every algorithm.
+
+`lower_bound(...)` is ``call_us`` plus the largest of the others. Costs are those of one runtime protocol
+(`LinkType.cost`): ``proto=None`` (the default) gives the bound over every protocol, the smallest of the
+per-protocol bounds, since a program runs in one protocol. `size_bytes` follows MSCCL's convention (the largest buffer:
 the gathered output for AllGather, the input for ReduceScatter, the per-rank buffer for AllReduce and
 AllToAll). The volumes each rank must move, with M = size_bytes and R ranks (every value is generic, so a
 rank that needs information it does not hold must receive at least that many bytes of it):
@@ -43,18 +48,21 @@ Examples
 >>> from taccl.topology import load_topology
 >>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000)
 >>> sorted(b)
-['cut_us', 'egress_us', 'ingress_us', 'latency_us']
+['call_us', 'cut_us', 'egress_us', 'ingress_us', 'latency_us', 'proto']
+>>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000, proto="Simple")
 >>> round(b["cut_us"], 1)   # 16 MB must enter each node through 8 NICs of 12.5 GB/s
 162.6
 """
+
 from __future__ import annotations
 
 import heapq
 
 from .collectives import ALIASES, NAMES
 from .errors import UserError
+from .topology import PROTOCOLS
 
-__all__ = ["lower_bounds", "lower_bound", "rank_volumes", "node_volumes"]
+__all__ = ["lower_bounds", "lower_bound", "allreduce_optimum", "rank_volumes", "node_volumes"]
 
 INF = float("inf")
 
@@ -99,28 +107,28 @@ def node_volumes(collective: str, num_ranks: int, gpus: int, size_bytes: float, 
     return table[c] if N > g else (0.0, 0.0)
 
 
-def _local_ports(spec, multi_node: bool):
+def _local_ports(spec, multi_node: bool, proto: str):
     """Per local GPU: (sum in-bw, min in-alpha, sum out-bw, min out-alpha) over distinct resources."""
     n = spec.gpus_per_node
     ins = [dict() for _ in range(n)]  # resource -> (bw, alpha)
     outs = [dict() for _ in range(n)]
     for s, d, tname in spec.links:
-        lt = spec.link_types[tname]
-        outs[s][("link", s, d)] = (lt.bw_GBps, lt.alpha_us)
-        ins[d][("link", s, d)] = (lt.bw_GBps, lt.alpha_us)
+        c = spec.link_types[tname].cost(proto)
+        outs[s][("link", s, d)] = (c.bw_GBps, c.alpha_us)
+        ins[d][("link", s, d)] = (c.bw_GBps, c.alpha_us)
     for si, (_, gpus, tname) in enumerate(spec.switches):
-        lt = spec.link_types[tname]
+        c = spec.link_types[tname].cost(proto)
         if len(gpus) < 2:
             continue
         for g in gpus:
-            outs[g][("swout", si)] = (lt.bw_GBps, lt.alpha_us)
-            ins[g][("swin", si)] = (lt.bw_GBps, lt.alpha_us)
+            outs[g][("swout", si)] = (c.bw_GBps, c.alpha_us)
+            ins[g][("swin", si)] = (c.bw_GBps, c.alpha_us)
     if multi_node:
         for ni, (_, gpus, tname) in enumerate(spec.nics):
-            lt = spec.link_types[tname]
+            c = spec.link_types[tname].cost(proto)
             for g in gpus:
-                outs[g][("nic", ni)] = (lt.bw_GBps, lt.alpha_us)
-                ins[g][("nic", ni)] = (lt.bw_GBps, lt.alpha_us)
+                outs[g][("nic", ni)] = (c.bw_GBps, c.alpha_us)
+                ins[g][("nic", ni)] = (c.bw_GBps, c.alpha_us)
 
     def fold(d):
         if not d:
@@ -130,13 +138,13 @@ def _local_ports(spec, multi_node: bool):
     return [fold(ins[g]) + fold(outs[g]) for g in range(n)]
 
 
-def _intra_alpha_apsp(topology) -> list:
+def _intra_alpha_apsp(topology, proto: str) -> list:
     """All-pairs smallest alpha sums inside one node (local indices)."""
     spec = topology.spec
     n = spec.gpus_per_node
     adj = [[] for _ in range(n)]
     for (s, d), (kind, tname, _) in topology._intra_local.items():
-        adj[s].append((d, spec.link_types[tname].alpha_us))
+        adj[s].append((d, spec.link_types[tname].cost(proto).alpha_us))
     dist = []
     for src in range(n):
         dd = [INF] * n
@@ -154,10 +162,10 @@ def _intra_alpha_apsp(topology) -> list:
     return dist
 
 
-def _latency_bound(topology, collective: str, root: int) -> float:
+def _latency_bound(topology, collective: str, root: int, proto: str) -> float:
     spec = topology.spec
     n = spec.gpus_per_node
-    intra = _intra_alpha_apsp(topology)
+    intra = _intra_alpha_apsp(topology, proto)
     nodes = topology.nodes
     # Crossing nodes: every GPU has a NIC, so the best path is (intra to some x) + x's NIC alpha (+ 0 inside
     # the destination node when landing on the destination itself).
@@ -165,7 +173,7 @@ def _latency_bound(topology, collective: str, root: int) -> float:
     if nodes > 1:
         for _, gpus, tname in spec.nics:
             for g in gpus:
-                nic_alpha[g] = spec.link_types[tname].alpha_us
+                nic_alpha[g] = spec.link_types[tname].cost(proto).alpha_us
     out_cross = [min((intra[a][x] + nic_alpha[x] for x in range(n)), default=INF) for a in range(n)]
 
     def dist(a_rank, b_rank):
@@ -191,29 +199,34 @@ def _latency_bound(topology, collective: str, root: int) -> float:
     return worst
 
 
-def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0, alpha_scale: float = 1.0) -> dict:
+def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0, proto: str | None = None) -> dict:
     """Lower bounds (microseconds) on any algorithm for the collective at this size; see the module doc.
 
-    `alpha_scale` multiplies every alpha: the bound for a protocol whose per-transfer latency is that
-    fraction of the topology's (the simulator's LL, say: `taccl.simulator.PROTO_ALPHA_FACTOR`).
+    With ``proto`` the bound of programs in that protocol; without, the smallest per-protocol bound (its
+    protocol under ``"proto"``).
     """
+    if proto is None:
+        per = [lower_bounds(topology, collective_name, size_bytes, root=root, proto=p) for p in PROTOCOLS]
+        return min(per, key=_total)
     c = _canon(collective_name)
+    p = str(getattr(proto, "value", proto))
     R = topology.num_ranks
     multi = topology.nodes > 1
-    ports = _local_ports(topology.spec, multi)
+    ports = _local_ports(topology.spec, multi, p)
     ingress = egress = 0.0
     for rank in range(R) if c in ("broadcast", "reduce", "gather", "scatter") else range(topology.gpus_per_node):
         vin, vout = rank_volumes(c, R, size_bytes, rank, root)
         bin_, ain, bout, aout = ports[topology.local(rank)]
         if vin > 0:
-            ingress = max(ingress, INF if bin_ <= 0 else ain * alpha_scale + vin / (bin_ * 1000.0))
+            ingress = max(ingress, INF if bin_ <= 0 else ain + vin / (bin_ * 1000.0))
         if vout > 0:
-            egress = max(egress, INF if bout <= 0 else aout * alpha_scale + vout / (bout * 1000.0))
+            egress = max(egress, INF if bout <= 0 else aout + vout / (bout * 1000.0))
     cut = 0.0
     if multi:
         spec = topology.spec
-        nic_bw = sum(spec.link_types[t].bw_GBps for _, _, t in spec.nics)
-        nic_alpha = min((spec.link_types[t].alpha_us for _, _, t in spec.nics), default=INF)
+        costs = [spec.link_types[t].cost(p) for _, _, t in spec.nics]
+        nic_bw = sum(x.bw_GBps for x in costs)
+        nic_alpha = min((x.alpha_us for x in costs), default=INF)
         g = topology.gpus_per_node
         root_node = topology.node_of(root)
         for node in ({0, root_node} if c in ("broadcast", "reduce", "gather", "scatter") else {0}) | (
@@ -221,11 +234,29 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
             vin, vout = node_volumes(c, R, g, size_bytes, node == root_node)
             for v in (vin, vout):
                 if v > 0:
-                    cut = max(cut, INF if nic_bw <= 0 else nic_alpha * alpha_scale + v / (nic_bw * 1000.0))
-    latency = _latency_bound(topology, c, root) * alpha_scale if R > 1 else 0.0
-    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency}
+                    cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
+    latency = _latency_bound(topology, c, root, p) if R > 1 else 0.0
+    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency,
+            "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
 
 
-def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0, alpha_scale: float = 1.0) -> float:
-    """The largest of `lower_bounds`."""
-    return max(lower_bounds(topology, collective_name, size_bytes, root=root, alpha_scale=alpha_scale).values())
+def _total(b: dict) -> float:
+    return b["call_us"] + max(b["ingress_us"], b["egress_us"], b["cut_us"], b["latency_us"])
+
+
+def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0, proto: str | None = None) -> float:
+    """The call cost plus the largest of `lower_bounds` (the best protocol's when ``proto`` is None)."""
+    return _total(lower_bounds(topology, collective_name, size_bytes, root=root, proto=proto))
+
+
+def allreduce_optimum(topology, size_bytes: float, *, proto: str | None = None) -> float:
+    """The reduce-scatter plus all-gather optimum of an AllReduce: the ReduceScatter bound plus the AllGather
+    bound at the same size, one call cost. Every AllReduce without in-network reduction moves both volumes
+    through some GPU's ports when ingress and egress bandwidths are equal (`lower_bound` proves only M/B)."""
+    protos = PROTOCOLS if proto is None else (proto,)
+    best = INF
+    for p in protos:
+        rs = lower_bounds(topology, "reducescatter", size_bytes, proto=p)
+        ag = lower_bounds(topology, "allgather", size_bytes, proto=p)
+        best = min(best, _total(rs) + _total(ag) - ag["call_us"])
+    return best

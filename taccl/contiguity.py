@@ -2,12 +2,16 @@
 
 With routes and per-resource orders fixed, decide which consecutive transfers on one link travel together
 in one send (paying one alpha instead of several, at the price of the first chunk arriving later), and
-compute exact times under strict one-at-a-time resource use.
+compute exact times under the ordering stage's resource model (`taccl.ordering`: a task holds its
+connection for the sender's share of alpha plus its data, and one lane of each shared resource for its
+data; the data arrives the rest of alpha later).
 
 MILP, per task i: start s_i, data end e_i, arrival a_i; per merge candidate (consecutive tasks j, k on the
-same link, adjacent in the buffers, consecutive on every resource they use) a binary y:
-  s_i >= a_p for every data predecessor p;   e_i >= s_i + alpha_i + beta_i;   a_i >= e_i;   T >= a_i
-  consecutive (j, k) on a resource, not a candidate:  s_k >= e_j
+same link, adjacent in the buffers, consecutive on every connection and lane they hold) a binary y:
+  s_i >= a_p for every data predecessor p;   e_i >= s_i + o_i + beta_i;   a_i >= e_i + f_i;   T >= a_i
+  (o_i: the sender's share of alpha_i, f_i = alpha_i - o_i: the latency in flight)
+  consecutive (j, k) on a connection, not a candidate:  s_k >= e_j
+  consecutive (j, k) on a lane:                         s_k + o_k >= e_j
   candidate (j, k):  s_k >= e_j - M y;  s_k = s_j when y = 1;  e_k >= e_j + beta_k - M (1 - y);
                      a_j >= a_k - M (1 - y)   (the whole group arrives together)
 Every variable is boxed in [0, UB] with UB the ordering stage's makespan, so M = UB is valid and tight.
@@ -26,8 +30,9 @@ from .progress import SILENT
 @dataclass
 class Group:
     tasks: list  # task ids sent together, in order
-    start_us: float = 0.0
-    finish_us: float = 0.0
+    start_us: float = 0.0  # takes its connection
+    finish_us: float = 0.0  # its data has arrived
+    sent_us: float = 0.0  # its data has left (connection and lanes free again)
 
 
 @dataclass
@@ -46,7 +51,7 @@ def merge_candidates(tasks, sched: Schedule, adjacent) -> list:
     out = []
     for j, t in enumerate(tasks):
         succ = nxt.get(j, {})
-        ks = {succ.get(r) for r in t.resources}
+        ks = {succ.get(r) for r in sched.keys[j]}
         if len(ks) != 1:
             continue
         (k,) = ks
@@ -68,25 +73,30 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
         members.setdefault(head[i], []).append(i)
     groups = {h: Group(ids) for h, ids in members.items()}
     gof = {i: h for h, ids in members.items() for i in ids}
-    # Group-level DAG: data predecessors and resource order.
+    # Group-level DAG: data predecessors (start after their arrival), connection order (start after their
+    # data left), lane order (data after their data left: start the sender's overhead earlier).
+    data_preds = {h: set() for h in groups}
     preds = {h: set() for h in groups}
+    lane_preds = {h: set() for h in groups}
     for i, t in enumerate(tasks):
         for p in t.preds:
             if gof[p] != gof[i]:
-                preds[gof[i]].add(gof[p])
-    for ids in sched.order.values():
+                data_preds[gof[i]].add(gof[p])
+    for key, ids in sched.order.items():
         seq = []
         for i in ids:
             if not seq or seq[-1] != gof[i]:
                 seq.append(gof[i])
         for a, b in zip(seq, seq[1:]):
-            preds[b].add(a)
-    order = topological_order(preds)
+            (preds if key[0] == "conn" else lane_preds)[b].add(a)
+    order = topological_order({h: data_preds[h] | preds[h] | lane_preds[h] for h in groups})
     for h in order:
         g = groups[h]
         first = tasks[g.tasks[0]]
-        g.start_us = max([groups[p].finish_us for p in preds[h]], default=0.0)
-        g.finish_us = g.start_us + first.alpha_us + sum(tasks[i].beta_us for i in g.tasks)
+        g.start_us = max([groups[p].finish_us for p in data_preds[h]] + [groups[p].sent_us for p in preds[h]] +
+                         [groups[p].sent_us - first.overhead_us for p in lane_preds[h]] + [0.0])
+        g.sent_us = g.start_us + first.overhead_us + sum(tasks[i].beta_us for i in g.tasks)
+        g.finish_us = g.sent_us + first.flight_us
     ordered = sorted(groups.values(), key=lambda g: (g.start_us, g.tasks[0]))
     return Contiguity(ordered, max((g.finish_us for g in ordered), default=0.0))
 
@@ -120,13 +130,13 @@ def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None
     for i, t in enumerate(tasks):
         for p in t.preds:
             model.add_constr([s[i], a[p]], [1.0, -1.0], 0.0)
-        model.add_constr([e[i], s[i]], [1.0, -1.0], t.cost_us)
-        model.add_constr([a[i], e[i]], [1.0, -1.0], 0.0)
+        model.add_constr([e[i], s[i]], [1.0, -1.0], t.overhead_us + t.beta_us)
+        model.add_constr([a[i], e[i]], [1.0, -1.0], t.flight_us)
         model.add_constr([T, a[i]], [1.0, -1.0], 0.0)
     M = ub
-    pairs = set()
-    for ids in sched.order.values():
-        pairs.update(zip(ids, ids[1:]))
+    pairs, lane_pairs = set(), set()
+    for key, ids in sched.order.items():
+        (pairs if key[0] == "conn" else lane_pairs).update(zip(ids, ids[1:]))
     for j, k in sorted(pairs):
         if (j, k) in y:
             v = y[(j, k)]
@@ -137,10 +147,13 @@ def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None
             model.add_constr([a[j], a[k], v], [1.0, -1.0, -M], -M)
         else:
             model.add_constr([s[k], e[j]], [1.0, -1.0], 0.0)
+    for j, k in sorted(lane_pairs - pairs):  # a merged pair shares its connection: covered above
+        model.add_constr([s[k], e[j]], [1.0, -1.0], -tasks[k].overhead_us)
     start = [0.0] * model.num_vars
     start[T] = ub
     for i in range(n):
-        start[s[i]], start[e[i]], start[a[i]] = sched.start[i], sched.finish[i], sched.finish[i]
+        start[s[i]], start[a[i]] = sched.start[i], sched.finish[i]
+        start[e[i]] = sched.finish[i] - tasks[i].flight_us
     model.set_start(start)
     stats = dict(model.stats(), stage="contiguity", merge_candidates=len(cands))
     report(f"contiguity: MILP with {stats['variables']} variables ({stats['binaries']} binary), {stats['constraints']} constraints")

@@ -20,6 +20,7 @@ class UserError(TacclError):
     def __init__(self, message: str, *, path: str | None = None, where: str | None = None):
         self.path = path
         self.where = where
+        self.message = message
         prefix = ""
         if path:
             prefix = f"{path}: "

@@ -1,10 +1,18 @@
 """Stage 2: ordering. A greedy list schedule that fixes the order of transfers on every resource.
 
 Input: tasks (one chunk over one link, copy or reduce, with the tasks whose arrival it needs). Whenever a
-task's data is ready, it competes for its resources (link, switch ports, NICs); the task that can start
-earliest goes first, ties broken by TACCL's heuristics (section 5, appendix B.2): longest remaining path
-first, then shortest path travelled so far (or the reverse, `variant="travelled"`). Both variants are tried
-and the shorter schedule kept. The result is a feasible schedule under strict one-at-a-time resource use.
+task's data is ready, it competes for its resources; the task that can start earliest goes first, ties
+broken by TACCL's heuristics (section 5, appendix B.2): longest remaining path first, then shortest path
+travelled so far (or the reverse, `variant="travelled"`). Both variants are tried and the shorter schedule
+kept.
+
+Resource model (the simulator's, `taccl.simulator`): a task holds its link's *connection* (src, dst), one
+thread block in the lowered program, for the sender's share of its latency alpha, then for its data
+(beta), which also holds one *lane* of every shared resource of the link (switch ports, NICs, direct
+links); the data arrives the rest of alpha later (`Task.flight_us`). A shared resource has
+``lanes[res]`` lanes (1 unless one thread block cannot fill it). The order of tasks is fixed per
+connection and per lane (`Schedule.order`, keyed by ("conn", src, dst) and by (resource, lane)).
+`Schedule.start` is when a task takes its connection, `Schedule.finish` when its data has arrived.
 """
 from __future__ import annotations
 
@@ -25,19 +33,36 @@ class Task:
     link_type: str
     internode: bool
     preds: list = field(default_factory=list)
+    busy_us: float | None = None  # the sender's share of alpha (None: all of it)
 
     @property
     def cost_us(self) -> float:
         return self.alpha_us + self.beta_us
+
+    @property
+    def overhead_us(self) -> float:
+        """The part of alpha the sending connection is busy for, before the data."""
+        return self.alpha_us if self.busy_us is None else self.busy_us
+
+    @property
+    def flight_us(self) -> float:
+        """The part of alpha after the data left: the data arrives that much later."""
+        return self.alpha_us - self.overhead_us
+
+
+    @property
+    def conn(self) -> tuple:
+        return ("conn", self.src, self.dst)
 
 
 @dataclass
 class Schedule:
     start: list  # per task
     finish: list  # per task (arrival at dst)
-    order: dict  # resource -> task ids in start order
+    order: dict  # ("conn", src, dst) or (resource, lane) -> task ids in start order
     makespan_us: float
     variant: str = ""
+    keys: list = field(default_factory=list)  # per task: the order keys it holds (its connection first)
 
 
 def _priorities(tasks):
@@ -77,13 +102,16 @@ def topological_order(preds: dict) -> list:
     return out
 
 
-def list_schedule(tasks, variant: str = "remaining") -> Schedule:
+def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None) -> Schedule:
+    lanes = lanes or {}
     remaining, travelled, succs = _priorities(tasks)
     n = len(tasks)
     start, finish = [0.0] * n, [0.0] * n
+    keys = [()] * n
     data_ready = [0.0] * n
     waiting = [len(t.preds) for t in tasks]
-    free = {}
+    conn_free = {}
+    lane_free = {}  # resource -> free time per lane
     order = {}
 
     def key(i):
@@ -91,29 +119,46 @@ def list_schedule(tasks, variant: str = "remaining") -> Schedule:
             return (-remaining[i], travelled[i], i)
         return (travelled[i], -remaining[i], i)
 
+    def free_lanes(r):
+        f = lane_free.get(r)
+        if f is None:
+            f = lane_free[r] = [0.0] * lanes.get(r, 1)
+        return f
+
     heap = [(0.0, key(t.id), t.id) for t in tasks if not t.preds]
     heapq.heapify(heap)
     while heap:
         est, k, i = heapq.heappop(heap)
         t = tasks[i]
-        real = max([data_ready[i]] + [free.get(r, 0.0) for r in t.resources])
+        real = max(data_ready[i], conn_free.get(t.conn, 0.0))
+        data = max([real + t.overhead_us] + [min(free_lanes(r)) for r in t.resources])
+        real = data - t.overhead_us
         if real > est + 1e-12:
             heapq.heappush(heap, (real, k, i))
             continue
-        start[i], finish[i] = real, real + t.cost_us
+        sent = data + t.beta_us
+        start[i], finish[i] = real, sent + t.flight_us
+        conn_free[t.conn] = sent
+        held = [t.conn]
         for r in t.resources:
-            free[r] = finish[i]
-            order.setdefault(r, []).append(i)
+            fl = lane_free[r]
+            # best fit: the lane freed last before the data starts (lanes freed earlier stay for others)
+            best = max((x for x in range(len(fl)) if fl[x] <= data + 1e-12), key=lambda x: (fl[x], -x))
+            fl[best] = sent
+            held.append((r, best))
+        keys[i] = tuple(held)
+        for h in held:
+            order.setdefault(h, []).append(i)
         for s in succs[i]:
             data_ready[s] = max(data_ready[s], finish[i])
             waiting[s] -= 1
             if waiting[s] == 0:
                 heapq.heappush(heap, (data_ready[s], key(s), s))
-    return Schedule(start, finish, order, max(finish, default=0.0), variant)
+    return Schedule(start, finish, order, max(finish, default=0.0), variant, keys)
 
 
-def best_schedule(tasks) -> Schedule:
+def best_schedule(tasks, lanes: dict | None = None) -> Schedule:
     """Both tie-breaking variants; the shorter schedule wins (deterministic)."""
-    a = list_schedule(tasks, "remaining")
-    b = list_schedule(tasks, "travelled")
+    a = list_schedule(tasks, "remaining", lanes)
+    b = list_schedule(tasks, "travelled", lanes)
     return a if a.makespan_us <= b.makespan_us + 1e-9 else b

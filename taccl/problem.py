@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .collectives import Collective
 from .errors import UserError
 from .sketch import Sketch
-from .topology import Topology
+from .topology import Topology, lanes_and_rate
 
 MAX_GROUP_ORDER = 1 << 16
 
@@ -28,6 +28,12 @@ class LogicalLink:
     type: str
     internode: bool
     switch: int | None = None  # index of the sketch switch hyperedge it belongs to (for uc-min / uc-max)
+    busy_us: float | None = None  # the sender's share of alpha (None: all of it)
+
+    @property
+    def sender_us(self) -> float:
+        """How long one chunk keeps the sending connection busy: its share of alpha, then its data."""
+        return (self.alpha_us if self.busy_us is None else self.busy_us) + self.beta_us
 
 
 @dataclass
@@ -41,6 +47,9 @@ class Problem:
     group: list = field(default_factory=list)  # permutations of ranks (tuples), identity first
     generators: list = field(default_factory=list)  # the sketch's rotations
     switch_policies: list = field(default_factory=list)
+    proto: str = "Simple"  # the runtime protocol the costs are for
+    instances: int = 1  # thread blocks per connection in the lowered program
+    lanes: dict = field(default_factory=dict)  # shared resource -> transfers it carries at once (absent: 1)
 
     def __post_init__(self):
         self.link_index = {(l.src, l.dst): i for i, l in enumerate(self.links)}
@@ -53,6 +62,17 @@ class Problem:
     @property
     def num_ranks(self) -> int:
         return self.topology.num_ranks
+
+    def path_cost(self, src: int, dst: int, *, internode_split: float = 1.0) -> tuple:
+        """(alpha, beta of one chunk, resources, lanes, physical link, the sender's share of alpha) of the
+        physical path src -> dst under the
+        problem's protocol and instance count: `instances` thread blocks, each limited to the link type's
+        `tb_bw_GBps`, share the path's bandwidth (see `topology.lanes_and_rate`)."""
+        phys = self.topology.link(src, dst)
+        cost = phys.type.cost(self.proto)
+        tb = None if cost.tb_bw_GBps is None else cost.tb_bw_GBps * self.instances
+        lanes, rate = lanes_and_rate(cost.bw_GBps / internode_split, tb)
+        return cost.alpha_us, self.chunk_bytes / (rate * 1000.0), phys.resources, lanes, phys, cost.busy_us
 
     def link_allowed(self, chunk: int, link: LogicalLink) -> bool:
         if not link.internode:
@@ -153,7 +173,10 @@ def inverse(p) -> tuple:
     return tuple(inv)
 
 
-def build_problem(topo: Topology, coll: Collective, sk: Sketch, input_size_bytes: int) -> Problem:
+def build_problem(topo: Topology, coll: Collective, sk: Sketch, input_size_bytes: int, *,
+                  proto: str | None = None, instances: int | None = None, scope: str | None = None) -> Problem:
+    """The sketch's logical topology for `coll`. ``scope`` keeps only the links inside one kind of group
+    (a phase's: "node", "rail" = same local index on different nodes, "all" or None = every link)."""
     R = topo.num_ranks
     if coll.num_ranks != R:
         raise UserError(f"collective is for {coll.num_ranks} ranks but the topology has {R}")
@@ -161,29 +184,36 @@ def build_problem(topo: Topology, coll: Collective, sk: Sketch, input_size_bytes
     chunk_bytes = input_size_bytes / coll.buffer_chunks
     n = topo.gpus_per_node
     links = []
+    lanes = {}
+    prob = Problem(topo, coll, sk, chunk_bytes, [], proto=proto or sk.protocol or "Simple",
+                   instances=instances or sk.instances or 1)
 
     def add(src, dst, switch=None, internode=False):
-        phys = topo.link(src, dst)
-        lt = phys.type
-        bw = lt.bw_GBps
-        if internode:
-            split = sk.beta_split.get(topo.local(src), 1.0)
-            bw = bw / split
-        beta = chunk_bytes / (bw * 1000.0)
-        links.append(LogicalLink(src, dst, lt.alpha_us + beta, lt.alpha_us, beta, phys.resources, lt.name, internode, switch))
+        split = sk.beta_split.get(topo.local(src), 1.0) if internode else 1.0
+        alpha, beta, res, nl, phys, busy = prob.path_cost(src, dst, internode_split=split)
+        for r in res:
+            if nl > 1:
+                lanes[r] = min(lanes.get(r, nl), nl)
+        links.append(LogicalLink(src, dst, alpha + beta, alpha, beta, res, phys.type.name, internode, switch, busy))
 
-    intra = _intra_pairs(topo, sk)
-    for node in range(topo.nodes):
-        base = node * n
-        for s, d, si in intra:
-            add(base + s, base + d, switch=si)
-    inter = _inter_pairs(topo, sk)
-    for a, b in _node_pairs(topo.nodes, sk.node_topology):
-        for s, d in inter:
-            add(a * n + s, b * n + d, internode=True)
-    relay = _relay_senders(topo, coll, sk)
-    policies = list(sk.switch_policies) if sk.intranode_strategy == "switch" else []
-    prob = Problem(topo, coll, sk, chunk_bytes, links, relay, [tuple(range(R))], policies)
+    if scope != "rail":
+        intra = _intra_pairs(topo, sk)
+        for node in range(topo.nodes):
+            base = node * n
+            for s, d, si in intra:
+                add(base + s, base + d, switch=si)
+    if scope != "node":
+        inter = [(s, d) for s, d in _inter_pairs(topo, sk) if scope != "rail" or s == d]
+        if scope == "rail" and topo.nodes > 1 and not inter:
+            raise UserError("a rail phase needs inter-node links between GPUs of the same local index, and the "
+                            "internode sketch allows none", **_sketch_where(sk, "$.internode_sketch.internode_conn"))
+        for a, b in _node_pairs(topo.nodes, sk.node_topology):
+            for s, d in inter:
+                add(a * n + s, b * n + d, internode=True)
+    prob.relay_senders = _relay_senders(topo, coll, sk)
+    prob.switch_policies = list(sk.switch_policies) if sk.intranode_strategy == "switch" else []
+    prob.links, prob.lanes, prob.group = links, lanes, [tuple(range(R))]
+    prob.__post_init__()
     prob.group, prob.generators = symmetry_group(prob)
     return prob
 

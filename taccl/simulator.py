@@ -1,19 +1,30 @@
 """Simulate an MSCCL-IR Program on a Topology: time and bandwidth per buffer size.
 
-Model (alpha-beta with exclusive resources, the model the synthesizer optimises):
+Model (alpha-beta with contention, the runtime's execution rules, calibrated costs from the topology):
 
 - Every thread block runs its steps in order. A step starts when the previous one finished and its
   dependency (same tile iteration) is met. A receive needs its matched send's data to have arrived; a send
   needs room in its connection's FIFO (it may run at most ``depth`` calls ahead of the matching receives:
-  Simple 2, LL/LL128 8, msccl-xml.md section 3). Fused steps (rcs, rrs, rrcs) forward after receiving.
-- A send is one transfer over `Topology.link(src, dst)`: it holds every exclusive resource of the link (the
-  direct link, the switch out- and in-ports, the NICs) for ``alpha + bytes / bw``; transfers are granted
-  first come, first served by ready time. ``bw`` is scaled by the protocol's efficiency (LL moves 8 bytes
-  per 16 on the wire, so x0.5; LL128 x0.92, NCCL's ring factors, ``shared/docs/reference-numbers.md``), and
-  ``alpha`` by the protocol's latency relative to Simple (LL x0.18, LL128 x0.56: NCCL's ring hardware
-  latencies over NVLink, 0.6 / 1.9 / 3.4 us; over the network they are 2.7 / 4.0 / 14 us, about the same LL
-  ratio). Without it LL would never win at small sizes, which is where every runtime uses it.
-- Local ``cpy``/``re`` take ``bytes / local_bw_GBps``; reductions folded into receives are free.
+  Simple 2, LL/LL128 8, msccl-xml.md section 3).
+- A send is one transfer over `Topology.link(src, dst)` arriving ``alpha + bytes / rate`` after it starts,
+  under the program's protocol (`LinkType.cost`: calibrated per protocol in the topology file, else the raw
+  link scaled by NCCL's ring factors). The sender's share of alpha (``overhead_us``: Simple's fence and
+  handshake; all of alpha for uncalibrated links) occupies its thread block; the data then occupies the
+  block and every resource of the link (the direct link, the switch out- and in-ports, the NICs) for
+  ``bytes / rate``; the rest of alpha is in flight (LL's flags, the network), so a block can stream
+  consecutive steps and the latencies of concurrent sends overlap while their data shares the bandwidth. A
+  resource of bandwidth B whose link limits one thread block to c (``tb_bw_GBps``) carries ``round(B / c)``
+  transfers at once, each at ``min(c, B / lanes)``: one block cannot fill an NVLink4 port, many channels
+  can. Without a limit a resource carries one transfer at a time at B. Transfers are granted first come,
+  first served by ready time.
+- Fused steps (rcs, rrs, rrcs) forward slice by slice, as the runtimes' primitives do: the outgoing send can
+  start once the first slice has arrived (Simple: a call is two slices; LL / LL128: a few KiB per block
+  iteration) and ends no earlier than the last slice's arrival plus its own forwarding.
+- Local ``cpy``/``re`` take ``bytes / local_bw`` (the topology's ``runtime.local_bw_GBps``, else 400 GB/s);
+  reductions folded into receives are free.
+- A dependency on another thread block is seen ``runtime.sync_us`` after that block's step finished (the
+  flag is published after a fence, then polled).
+- Every call pays the topology's fixed ``runtime.call_us`` for its protocol (launch and set-up) once.
 - Tiling (on by default, ``tiling=False`` / ``--no-tiling`` to turn off): the runtime cuts each chunk of
   S = size / nchunksperloop bytes into tiles (Simple 2 MiB, LL 32 KiB, LL128 576,000 B; section 1.8) and
   replays the whole program per tile; dependencies and FIFO positions refer to tile iterations. When a
@@ -29,18 +40,27 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right, insort
 from collections import deque
 from dataclasses import asdict, dataclass
 
 from .errors import CheckFailed, UserError
 from .program import Program, Proto, StepType
+from .topology import DEFAULT_ALPHA_FACTOR, DEFAULT_BW_FACTOR, ProtoCost, lanes_and_rate
 
 __all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TILE_BYTES", "PROTO_BW_FACTOR",
            "PROTO_ALPHA_FACTOR", "Simulator"]
 
 TILE_BYTES = {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}
-PROTO_BW_FACTOR = {Proto.SIMPLE: 1.0, Proto.LL: 0.5, Proto.LL128: 0.92}
-PROTO_ALPHA_FACTOR = {Proto.SIMPLE: 1.0, Proto.LL: 0.6 / 3.4, Proto.LL128: 1.9 / 3.4}
+PROTO_BW_FACTOR = {Proto(p): f for p, f in DEFAULT_BW_FACTOR.items()}
+PROTO_ALPHA_FACTOR = {Proto(p): f for p, f in DEFAULT_ALPHA_FACTOR.items()}
+# Forwarding granularity of a fused step: Simple moves a call in two slices (MSCCL's SLICESTEPS of
+# CHUNKSTEPS); LL and LL128 forward what one block iteration read (512 threads x 8 / 16 bytes).
+SLICES_PER_CALL = {Proto.SIMPLE: 2, Proto.LL: None, Proto.LL128: None}
+SLICE_BYTES = {Proto.LL: 4096, Proto.LL128: 8192}
+DEFAULT_LOCAL_BW_GBPS = 400.0  # on-GPU copy (read + write of HBM) [I]
+
+
 
 _SEND, _RECV, _LOCAL = 1, 2, 4
 
@@ -61,9 +81,11 @@ def busbw_factor(collective: str, n: int) -> float:
 class SimOptions:
     tiling: bool = True
     max_exact_tiles: int = 16
-    local_bw_GBps: float = 400.0  # on-GPU copy (read + write of HBM) [I]
-    proto_bw_factor: bool = True
-    proto_alpha_factor: bool = True
+    local_bw_GBps: float | None = None  # None: the topology's runtime.local_bw_GBps, else 400 GB/s
+    proto_bw_factor: bool = True  # uncalibrated link types: scale bandwidth by the protocol's factor
+    proto_alpha_factor: bool = True  # uncalibrated link types: scale alpha by the protocol's factor
+    cut_through: bool = True  # fused steps forward slice by slice
+    call_cost: bool = True  # add the topology's per-call cost and dependency latency
 
 
 @dataclass
@@ -177,16 +199,17 @@ class Simulator:
                                         f"which does not exist")
                     self.hasdep[dg][ds] = True
         # links and matching
-        factor = PROTO_BW_FACTOR[self.proto] if self.opts.proto_bw_factor else 1.0
-        alpha_factor = PROTO_ALPHA_FACTOR[self.proto] if self.opts.proto_alpha_factor else 1.0
         self.conn_sender, self.conn_receiver, self.conn_alpha, self.conn_bpus, self.conn_res = [], [], [], [], []
+        self.conn_busy = []
         res_ids = {}
+        self.res_lanes = []
         for (src, dst, chan), c in sorted(conn_of.items(), key=lambda kv: kv[1]):
             sg, rg = conns[c][0], conns[c][1]
             if (sg is None or self.nsend[sg] == 0) and (rg is None or self.nrecv[rg] == 0):
                 # a peer named but never used (the checker's tb.unused-peer): no connection
                 self.conn_sender.append(-1)
                 self.conn_receiver.append(-1)
+                self.conn_busy.append(0.0)
                 self.conn_alpha.append(0.0)
                 self.conn_bpus.append(1.0)
                 self.conn_res.append(())
@@ -205,13 +228,40 @@ class Simulator:
                 step = next((i for i, k in enumerate(self.kind[sg]) if k & _SEND), 0)
                 raise UserError(f"rank {src} tb {self.where[sg][1]} step {step}: sends to rank {dst}, but topology "
                                 f"{self.topo.name!r} has no link {src}->{dst}")
+            cost = self._cost(link)
+            lanes, rate = lanes_and_rate(cost.bw_GBps, cost.tb_bw_GBps)
+            ids = []
+            for res in link.resources:
+                rid = res_ids.get(res)
+                if rid is None:
+                    rid = res_ids[res] = len(self.res_lanes)
+                    self.res_lanes.append(lanes)
+                else:  # a resource shared by links of other costs: the most restrictive lane count
+                    self.res_lanes[rid] = min(self.res_lanes[rid], lanes)
+                ids.append(rid)
             self.conn_sender.append(sg)
             self.conn_receiver.append(rg)
-            self.conn_alpha.append(link.alpha_us * alpha_factor)
-            self.conn_bpus.append(link.bw_GBps * 1000.0 * factor)  # bytes per microsecond
-            self.conn_res.append(tuple(res_ids.setdefault(res, len(res_ids)) for res in link.resources))
-        self.nres = len(res_ids)
+            self.conn_busy.append(cost.busy_us)
+            self.conn_alpha.append(cost.alpha_us)
+            self.conn_bpus.append(rate * 1000.0)  # bytes per microsecond, one thread block
+            self.conn_res.append(tuple(ids))
+        self.nres = len(self.res_lanes)
         self.nconn = len(self.conn_sender)
+        spec = self.topo.spec
+        self.call_us = spec.call_us.get(self.proto.value, 0.0) if self.opts.call_cost else 0.0
+        local = self.opts.local_bw_GBps or spec.local_bw_GBps or DEFAULT_LOCAL_BW_GBPS
+        self.local_bpus = local * 1000.0
+        self.sync_us = spec.sync_us if self.opts.call_cost else 0.0
+
+    def _cost(self, link) -> ProtoCost:
+        """The link's cost under the program's protocol (see `LinkType.cost`; the options can drop the
+        uncalibrated protocol factors)."""
+        lt = link.type
+        if lt.calibrated:
+            return lt.cost(self.proto)
+        a = PROTO_ALPHA_FACTOR[self.proto] if self.opts.proto_alpha_factor else 1.0
+        b = PROTO_BW_FACTOR[self.proto] if self.opts.proto_bw_factor else 1.0
+        return ProtoCost(lt.alpha_us * a, lt.bw_GBps * b)  # no overhead given: the sender is busy for alpha
 
     # ---------------------------------------------------------------------------------------------------
     def tiles_for(self, size_bytes: float) -> tuple:
@@ -243,6 +293,7 @@ class Simulator:
             rest = chunk - tile * K  # bytes per chunk beyond the simulated tiles
             total = finish[-1] + per_tile * (rest / tile)
             transfers = int(transfers * ntiles / K)
+        total += self.call_us
         algbw = size_bytes / total / 1000.0 if total > 0 else float("inf")
         return SimResult(size_bytes=int(size_bytes), time_us=total, algbw_GBps=algbw,
                          busbw_GBps=algbw * busbw_factor(self.p.collective, self.p.ngpus), tiles=ntiles,
@@ -252,18 +303,17 @@ class Simulator:
         """Work per tile of the busiest link resource or thread block: no steady state is faster."""
         busy = [0.0] * self.nres
         tb_busy = 0.0
-        local_bpus = self.opts.local_bw_GBps * 1000.0
         for G in range(self.ntb):
             c = self.out_conn[G]
             t = 0.0
             for k, n in zip(self.kind[G], self.cnt[G]):
                 if k & _SEND:
-                    d = self.conn_alpha[c] + n * tile_bytes / self.conn_bpus[c]
-                    t += d
+                    d = n * tile_bytes / self.conn_bpus[c]
+                    t += self.conn_busy[c] + d
                     for r in self.conn_res[c]:
-                        busy[r] += d
+                        busy[r] += d / self.res_lanes[r]
                 elif k & _LOCAL:
-                    t += n * tile_bytes / local_bpus
+                    t += n * tile_bytes / self.local_bpus
             tb_busy = max(tb_busy, t)
         return max(busy + [tb_busy])
 
@@ -275,17 +325,24 @@ class Simulator:
         sidx, ridx, nsend, nrecv = self.sidx, self.ridx, self.nsend, self.nrecv
         out_conn, in_conn = self.out_conn, self.in_conn
         conn_sender, conn_receiver = self.conn_sender, self.conn_receiver
-        conn_alpha, conn_bpus, conn_res = self.conn_alpha, self.conn_bpus, self.conn_res
+        conn_alpha, conn_bpus, conn_res, conn_busy = self.conn_alpha, self.conn_bpus, self.conn_res, self.conn_busy
         depth = self.proto.fifo_depth
-        local_bpus = self.opts.local_bw_GBps * 1000.0
+        local_bpus = self.local_bpus
+        sync = self.sync_us
+        cut = self.opts.cut_through
+        per_call = SLICES_PER_CALL[self.proto]
+        slice_fixed = SLICE_BYTES.get(self.proto, 0)
         nsteps = [len(k) for k in kind]
         pc = [0] * ntb
         it = [0] * ntb
         tfree = [0.0] * ntb
         pending = [False] * ntb
-        arrivals = [[] for _ in range(self.nconn)]
+        fwd_after = [0.0] * ntb  # a fused send's lower bound on its end: the last incoming slice's arrival
+        arrivals = [[] for _ in range(self.nconn)]  # end of each transfer
+        first_slice = [[] for _ in range(self.nconn)]  # when its first slice is at the receiver
         recv_done = [[] for _ in range(self.nconn)]
-        res_free = [0.0] * self.nres
+        # the free times of the lanes of each resource, sorted
+        lanes = [[0.0] * n for n in self.res_lanes]
         fin = {}
         dep_waiters = {}
         iter_finish = [0.0] * T
@@ -335,6 +392,7 @@ class Simulator:
                         if f is None:
                             dep_waiters.setdefault(key, []).append(G)
                             break
+                        f += sync
                         if f > ready:
                             ready = f
                     k = kind[G][i]
@@ -344,7 +402,12 @@ class Simulator:
                         arr = arrivals[c]
                         if len(arr) <= q:
                             break  # the sender's arrival will wake this tb
-                        if arr[q] > ready:
+                        if cut and k & _SEND:
+                            # forward as slices arrive: start after the first, end after the last
+                            fwd_after[G] = arr[q]
+                            if first_slice[c][q] > ready:
+                                ready = first_slice[c][q]
+                        elif arr[q] > ready:
                             ready = arr[q]
                     if k & _SEND:
                         c = out_conn[G]
@@ -353,8 +416,9 @@ class Simulator:
                             rd = recv_done[c]
                             if len(rd) <= q - depth:
                                 break  # the receiver's progress will wake this tb
-                            if rd[q - depth] > ready:
-                                ready = rd[q - depth]
+                            credit = rd[q - depth] + conn_alpha[c] - conn_busy[c]  # the credit travels back
+                            if credit > ready:
+                                ready = credit
                         pending[G] = True
                         seq += 1
                         push(heap, (ready, seq, G))
@@ -375,16 +439,36 @@ class Simulator:
             i = pc[G]
             itx = it[G]
             c = out_conn[G]
-            start = t0
+            # the sender's share of the step's latency (fence, handshake) runs first; the data then holds one
+            # lane of every resource of the link for bytes / rate, and arrives the rest of the latency later
+            start = t0 + conn_busy[c]
             res = conn_res[c]
             for r in res:
-                if res_free[r] > start:
-                    start = res_free[r]
-            end = start + conn_alpha[c] + cnt[G][i] * tile_bytes[itx] / conn_bpus[c]
+                if lanes[r][0] > start:
+                    start = lanes[r][0]
+            nbytes = cnt[G][i] * tile_bytes[itx]
+            rate = conn_bpus[c]
+            flight = conn_alpha[c] - conn_busy[c]
+            end = start + nbytes / rate
+            sl = nbytes / per_call if per_call else min(nbytes, slice_fixed)
+            if fwd_after[G]:
+                tail = fwd_after[G] + sl / rate  # the last incoming slice, forwarded
+                if tail > end:
+                    end = tail
+                fwd_after[G] = 0.0
             for r in res:
-                res_free[r] = end
+                ln = lanes[r]
+                if len(ln) == 1:
+                    ln[0] = end
+                    continue
+                # best fit: the lane freed last before the start, so lanes freed earlier stay for
+                # transfers that can use them (earliest-free would leave idle gaps behind)
+                del ln[bisect_right(ln, start) - 1]
+                insort(ln, end)
             transfers += 1
-            arrivals[c].append(end)
+            arrivals[c].append(end + flight)
+            fs = start + sl / rate
+            first_slice[c].append((fs if fs < end else end) + flight)
             work.append(conn_receiver[c])
             if kind[G][i] & _RECV:
                 ci = in_conn[G]

@@ -28,6 +28,8 @@ class Sketch:
     collective_file: str | None = None
     input_size_bytes: int | None = None
     chunkup: int = 1
+    protocol: str | None = None  # runtime protocol to synthesize and lower for (None: Simple)
+    instances: int | None = None  # thread blocks per connection in the lowered program (None: 1)
     intranode_strategy: str = "none"
     switches: list = field(default_factory=list)  # lists of local GPUs
     switch_policies: list = field(default_factory=list)  # per switch: "uc-min" | "uc-max" | "none"
@@ -45,6 +47,8 @@ class Sketch:
     solver: str | None = None
     time_limit_s: float | None = None
     threads: int | None = None
+    phases: list = field(default_factory=list)  # raw phase documents (see taccl.phases)
+    doc: dict = field(default_factory=dict)  # the document it was read from
 
 
 def _int_keys(d: dict, path, where) -> dict:
@@ -56,7 +60,7 @@ def _int_keys(d: dict, path, where) -> dict:
 
 def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = None) -> Sketch:
     validate(doc, "sketch.schema.json", path=path)
-    sk = Sketch(name=doc.get("name") or name or "sketch", path=path)
+    sk = Sketch(name=doc.get("name") or name or "sketch", path=path, doc=doc, phases=list(doc.get("phases", [])))
     sk.topology = doc.get("topology")
     if "nodes" in doc and "nnodes" in doc and doc["nodes"] != doc["nnodes"]:
         raise UserError(f"nodes ({doc['nodes']}) and nnodes ({doc['nnodes']}) disagree", path=path, where="$.nodes")
@@ -76,6 +80,8 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
         if sk.input_size_bytes <= 0:
             raise UserError("input size must be positive", path=path, where=where)
     sk.chunkup = hp.get("input_chunkup", 1)
+    sk.protocol = hp.get("protocol")
+    sk.instances = hp.get("instances")
     intra = doc.get("intranode_sketch", {"strategy": "none"})
     sk.intranode_strategy = intra["strategy"]
     if sk.intranode_strategy == "switch":

@@ -176,6 +176,11 @@ class Model:
         """Set the objective coefficient of one column (the objective is always minimised)."""
         self._obj[col] = float(coef)
 
+    def set_bounds(self, col: int, lb: float, ub: float) -> None:
+        """Change one column's bounds (for a re-solve of the same model)."""
+        self._lb[col] = float(lb)
+        self._ub[col] = float(ub)
+
     def set_start(self, values: Sequence[float]) -> None:
         """Give a MIP start: one value per column, NaN where unknown (a partial start).
 

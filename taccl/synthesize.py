@@ -21,11 +21,12 @@ from pathlib import Path
 
 from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
-from .bounds import lower_bounds
+from .bounds import lower_bound, lower_bounds
 from .collectives import Collective, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
 from .ordering import Task, best_schedule
+from .phases import plan_phases, relocate
 from .problem import Problem, build_problem
 from .progress import SILENT
 from .routing import route
@@ -44,6 +45,8 @@ class SynthesisOptions:
     seed: int = 0
     max_extra_hops: int | None = None  # None: the sketch's, else 1 (0 for problems with many chunks)
     merge_links: str | None = None  # None: the sketch's ("internode" by default)
+    proto: str | None = None  # runtime protocol to cost links for and lower with (None: the sketch's, Simple)
+    instances: int | None = None  # thread blocks per connection when lowered (None: the sketch's, 1)
 
 
 def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None):
@@ -72,17 +75,26 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
 
 
 def _link_info(prob: Problem, src: int, dst: int):
-    """(alpha, beta, resources, type, internode) of the path src->dst: the sketch's link, else the physical one."""
+    """(alpha, beta, resources, type, internode, sender's share of alpha) of the path src->dst: the sketch's
+    link, else the physical one."""
     li = prob.link_index.get((src, dst))
     if li is not None:
         l = prob.links[li]
-        return l.alpha_us, l.beta_us, l.resources, l.type, l.internode
-    phys = prob.topology.link(src, dst)
-    if phys is None:
+        return l.alpha_us, l.beta_us, l.resources, l.type, l.internode, l.sender_us - l.beta_us
+    if prob.topology.link(src, dst) is None:
         raise UserError(f"the reverse of link {dst}->{src} does not exist in topology {prob.topology.name!r}, "
                         f"so its reduction cannot be routed back")
-    return (phys.alpha_us, prob.chunk_bytes / (phys.bw_GBps * 1000.0), phys.resources, phys.type.name,
-            phys.kind == "net")
+    alpha, beta, res, lanes, phys, busy = prob.path_cost(src, dst)
+    for r in res:
+        if lanes > 1:
+            prob.lanes.setdefault(r, lanes)
+    return alpha, beta, res, phys.type.name, phys.kind == "net", busy
+
+
+def _resources(prob: Problem, src: int, dst: int):
+    """(alpha, sender's share of it, [(shared resource, lanes)]) of the path src->dst, for `algorithm.verify`."""
+    alpha, _, res, _, _, busy = _link_info(prob, src, dst)
+    return alpha, busy, [(r, prob.lanes.get(r, 1)) for r in res]
 
 
 def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
@@ -90,8 +102,8 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
     tasks = []
 
     def add(c, src, dst, op, preds):
-        alpha, beta, res, ltype, inter = _link_info(prob, src, dst)
-        tasks.append(Task(len(tasks), c, src, dst, op, alpha, beta, res, ltype, inter, list(preds)))
+        alpha, beta, res, ltype, inter, busy = _link_info(prob, src, dst)
+        tasks.append(Task(len(tasks), c, src, dst, op, alpha, beta, res, ltype, inter, list(preds), busy))
         return tasks[-1].id
 
     for c, par in enumerate(parent):
@@ -164,34 +176,127 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
                options: SynthesisOptions | None = None, report=SILENT, name: str | None = None) -> Algorithm:
     options = options or SynthesisOptions()
     topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size)
-    solver = options.solver or sketch.solver or "highs"
-    milp_opts = milp.SolveOptions(time_limit_s=sketch.time_limit_s or options.time_limit_s,
-                                  threads=sketch.threads or options.threads, seed=options.seed)
-    route_coll = coll.dual() if coll.combining else coll
-    prob = build_problem(topo, route_coll, sketch, size)
-    report(f"problem: {prob.describe()}")
-    hops = options.max_extra_hops if options.max_extra_hops is not None else sketch.max_extra_hops
-    if hops is None:
-        hops = 1 if route_coll.num_chunks * len(prob.links) // max(1, len(prob.group)) <= 200_000 else 0
-    routing = route(prob, solver=solver, options=milp_opts, max_extra_hops=hops, report=report)
+    run = _Run(sketch, options)
+    if sketch.phases:
+        plans = plan_phases(sketch, topo, coll)
+        problems, tasks = [], []
+        writers = {}  # (chunk, rank) -> the transfers whose arrivals make up that rank's copy of the chunk
+        for plan in plans:
+            report(f"phase {plan.index + 1}/{len(plans)}: {plan.name}")
+            try:
+                prob = build_problem(topo, plan.route_coll, plan.sketch, size, proto=options.proto,
+                                     instances=options.instances, scope=plan.groups)
+                routing, phase_tasks = run.route_tasks(prob, plan.task_coll, report, phase=plan.name)
+            except UserError as exc:
+                raise relocate(exc, sketch.phases[plan.index], plan.where) from None
+            problems.append(prob)
+            tasks += _chain(phase_tasks, len(tasks), writers)
+        prob = _merged(problems)
+    else:
+        route_coll = coll.dual() if coll.combining else coll
+        prob = build_problem(topo, route_coll, sketch, size, proto=options.proto, instances=options.instances)
+        routing, tasks = run.route_tasks(prob, coll, report)
     t0 = time.monotonic()
-    tasks = build_tasks(prob, coll, routing.parent)
-    sched = best_schedule(tasks)
-    ordering_stats = {"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
-                      "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us}
+    sched = best_schedule(tasks, prob.lanes)
+    run.stages.append({"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
+                       "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us})
     report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")
     merge = options.merge_links or sketch.merge_links
-    cont = contiguity(tasks, sched, _adjacency(coll, merge), solver=solver, options=milp_opts, report=report)
+    cont = contiguity(tasks, sched, _adjacency(coll, merge), solver=run.solver, options=run.milp_opts, report=report)
+    run.stages.append(cont.stats)
     algo = _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name)
-    algo.stages = [routing.stats, ordering_stats, cont.stats]
-    if routing.method == "heuristic":
-        algo.notes.append(routing.stats.get("fallback", "heuristic routing"))
-    algo.lower_bounds = lower_bounds(topo, coll.name, size)
-    algo.lower_bound_us = max(algo.lower_bounds.values(), default=0.0)
-    verify(algo, coll, lambda s, d: _link_info(prob, s, d)[2])
+    algo.stages = run.routing_stages() + run.stages
+    algo.notes += run.notes
+    _finish(algo, topo, coll, size, prob)
+    verify(algo, coll, lambda s, d: _resources(prob, s, d))
     report(f"done: {algo.time_us:.2f} us predicted, lower bound {algo.lower_bound_us:.2f} us "
            f"({algo.time_us / algo.lower_bound_us if algo.lower_bound_us else float('nan'):.2f}x)")
     return algo
+
+
+class _Run:
+    """Solver settings and the statistics of one synthesis (one routing per phase)."""
+
+    def __init__(self, sketch: Sketch, options: SynthesisOptions):
+        self.sketch, self.options = sketch, options
+        self.solver = options.solver or sketch.solver or "highs"
+        self.milp_opts = milp.SolveOptions(time_limit_s=sketch.time_limit_s or options.time_limit_s,
+                                           threads=sketch.threads or options.threads, seed=options.seed)
+        self.routings, self.stages, self.notes = [], [], []
+
+    def route_tasks(self, prob: Problem, task_coll: Collective, report, phase: str | None = None):
+        """Stage 1 on `prob`, then the transfer tasks of `task_coll` along its routes."""
+        report(f"problem: {prob.describe()}")
+        hops = self.options.max_extra_hops
+        if hops is None:
+            hops = prob.sketch.max_extra_hops
+        if hops is None:
+            hops = 1 if prob.collective.num_chunks * len(prob.links) // max(1, len(prob.group)) <= 200_000 else 0
+        routing = route(prob, solver=self.solver, options=self.milp_opts, max_extra_hops=hops, report=report)
+        if phase is not None:
+            routing.stats["phase"] = phase
+        self.routings.append(routing.stats)
+        if routing.method == "heuristic":
+            self.notes.append(routing.stats.get("fallback", "heuristic routing") +
+                              (f" in phase {phase}" if phase else ""))
+        return routing, build_tasks(prob, task_coll, routing.parent)
+
+    def routing_stages(self) -> list:
+        """One routing stage; with phases, their sums (sizes, time) and the worst status, each phase kept."""
+        if len(self.routings) == 1:
+            return self.routings
+        worst = {"optimal": 0, "feasible": 1}
+        out = {"stage": "routing", "phases": self.routings}
+        for k in ("variables", "constraints", "binaries", "time_s"):
+            out[k] = round(sum(r.get(k, 0) for r in self.routings), 3)
+        out["status"] = max((r.get("status", "") for r in self.routings), key=lambda st: worst.get(st, 2))
+        out["gap"] = max((r.get("gap") or 0.0 for r in self.routings), default=0.0)
+        out["objective"] = sum(r.get("objective") or 0.0 for r in self.routings)
+        return [out]
+
+
+def _chain(tasks: list, offset: int, writers: dict) -> list:
+    """A phase's tasks renumbered after the earlier phases', each waiting for the arrivals that made up its
+    source's copy of its chunk in earlier phases (chunk-level pipelining between phases); `writers` is
+    updated with this phase's arrivals."""
+    before = dict(writers)
+    for t in tasks:
+        t.id += offset
+        t.preds = [p + offset for p in t.preds] + before.get((t.chunk, t.src), [])
+    touched = {}
+    for t in sorted(tasks, key=lambda t: t.id):
+        key = (t.chunk, t.dst)
+        if t.op == "copy":  # the copy replaces what the rank held
+            touched[key] = [t.id]
+        else:  # a reduction adds to it
+            touched[key] = touched.get(key, before.get(key, [])) + [t.id]
+    writers.update(touched)
+    return tasks
+
+
+def _merged(problems: list) -> Problem:
+    """One Problem standing for the phases' (links, lanes) in schedule and verification."""
+    first = problems[0]
+    links, seen, lanes = [], set(), {}
+    for p in problems:
+        lanes.update(p.lanes)
+        for l in p.links:
+            if (l.src, l.dst) not in seen:
+                seen.add((l.src, l.dst))
+                links.append(l)
+    merged = Problem(first.topology, first.collective, first.sketch, first.chunk_bytes, links, {}, [], [], [],
+                     proto=first.proto, instances=first.instances, lanes=lanes)
+    return merged
+
+
+def _finish(algo: Algorithm, topo, coll, size, prob: Problem) -> None:
+    """Protocol, instances, the runtime's call cost (every call pays it: part of the predicted time) and the
+    lower bound of programs in that protocol."""
+    algo.protocol, algo.instances = prob.proto, prob.instances
+    algo.call_us = topo.spec.call_us.get(prob.proto, 0.0)
+    algo.time_us += algo.call_us
+    algo.lower_bounds = lower_bounds(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
+    algo.lower_bound_us = lower_bound(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
 
 
 def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name) -> Algorithm:

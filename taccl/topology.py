@@ -16,6 +16,14 @@ Every physical transfer path between two ranks is a `Link` with an alpha-beta co
 The same resource model serves the routing MILP (relaxed bandwidth), the scheduling MILP (strict
 one-at-a-time use) and the simulator (contention).
 
+What a transfer costs depends on the runtime protocol (``Simple``, ``LL128``, ``LL``): a link type may give,
+per protocol, the latency of one step (`alpha_us`), the data bandwidth the protocol reaches over the link
+(`bw_GBps`) and what one thread block (one channel's connection) can push over it (`tb_bw_GBps`); the file's
+`runtime.call_us` is the fixed cost of one collective call (launch and set-up). These calibrated figures are
+what the simulator, the bounds and the synthesizer use (`LinkType.cost(proto)`). A link type without them
+costs `alpha_us` and `bw_GBps` scaled by NCCL's ring protocol factors (`DEFAULT_ALPHA_FACTOR`,
+`DEFAULT_BW_FACTOR`), with no thread-block limit and no call cost: the uncalibrated model.
+
 Also accepted unchanged: the reference TACCL profile files (`name`, `gpus_per_node`, `alpha`,
 `node_betas_list`, `remote_alpha`, `remote_beta`, ...), whose costs are microseconds per chunk of the size
 in the file's name; they are converted to bandwidths so that chunk size enters the cost.
@@ -35,14 +43,67 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "topologies"
 _TORUS_RE = re.compile(r"^torus-(\d+)x(\d+)$")
 
 
+PROTOCOLS = ("Simple", "LL128", "LL")
+# Uncalibrated link types: a protocol's latency and bandwidth relative to Simple's, NCCL's ring figures
+# (hwLat over NVLink 0.6 / 1.9 / 3.4 us; LL moves 8 data bytes per 16, LL128 120 per 128:
+# shared/docs/reference-numbers.md section 1.8).
+DEFAULT_ALPHA_FACTOR = {"Simple": 1.0, "LL128": 1.9 / 3.4, "LL": 0.6 / 3.4}
+DEFAULT_BW_FACTOR = {"Simple": 1.0, "LL128": 0.92, "LL": 0.5}
+
+
+@dataclass(frozen=True)
+class ProtoCost:
+    """What one transfer costs over a link type under one protocol.
+
+    A step (one tile of one send) arrives ``alpha_us + bytes / bandwidth`` after its sender starts it; of
+    the latency, ``overhead_us`` keeps the sending thread block busy (Simple's fence and flag handshake over
+    NVLink), the rest is in flight (LL's flags travel with the data; a network send is the proxy's).
+    """
+
+    alpha_us: float  # latency of one step
+    bw_GBps: float  # data bandwidth the protocol reaches over the link
+    tb_bw_GBps: float | None = None  # what one thread block can push over it (None: no limit)
+    overhead_us: float | None = None  # the part of alpha the sender is busy for (None: all of it)
+
+    @property
+    def busy_us(self) -> float:
+        """The sender's share of alpha."""
+        return self.alpha_us if self.overhead_us is None else min(self.overhead_us, self.alpha_us)
+
+    def time_us(self, nbytes: float) -> float:
+        return transfer_time_us(nbytes, self.alpha_us, self.bw_GBps)
+
+
+def lanes_and_rate(bw_GBps: float, tb_bw_GBps: float | None) -> tuple:
+    """How a shared resource of bandwidth B serves thread blocks limited to c: (transfers it carries at once,
+    GB/s each) = round(B / c) lanes of min(c, B / lanes); one lane of B without a limit."""
+    if tb_bw_GBps is None or tb_bw_GBps >= bw_GBps:
+        return 1, bw_GBps
+    lanes = max(1, int(bw_GBps / tb_bw_GBps + 0.5))
+    return lanes, min(tb_bw_GBps, bw_GBps / lanes)
+
+
 @dataclass(frozen=True)
 class LinkType:
     name: str
     alpha_us: float
     bw_GBps: float
+    protocols: tuple = ()  # ((protocol, ProtoCost), ...): calibrated costs, see the module docstring
 
     def cost_us(self, nbytes: float) -> float:
         return transfer_time_us(nbytes, self.alpha_us, self.bw_GBps)
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.protocols)
+
+    def cost(self, proto="Simple") -> ProtoCost:
+        """The calibrated cost under `proto`, else the raw figures scaled by NCCL's protocol factors."""
+        p = str(getattr(proto, "value", proto))
+        for name, c in self.protocols:
+            if name == p:
+                return c
+        return ProtoCost(self.alpha_us * DEFAULT_ALPHA_FACTOR[p], self.bw_GBps * DEFAULT_BW_FACTOR[p])
 
 
 @dataclass(frozen=True)
@@ -79,6 +140,9 @@ class TopologySpec:
     nics: list = field(default_factory=list)  # (name, tuple of local gpus, type name)
     pcie_switches: list = field(default_factory=list)
     max_nodes: int | None = None
+    call_us: dict = field(default_factory=dict)  # protocol -> fixed cost of one collective call
+    local_bw_GBps: float | None = None  # one thread block's on-GPU copy / reduce bandwidth
+    sync_us: float = 0.0  # a dependency between thread blocks of one GPU: flag published, then seen
     description: str = ""
     sources: list = field(default_factory=list)
     path: str | None = None
@@ -100,7 +164,17 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
         doc = convert_reference_profile(doc, path=path)
     validate(doc, "topology.schema.json", path=path)
     n = doc["gpus_per_node"]
-    types = {k: LinkType(k, float(v["alpha_us"]), float(v["bw_GBps"])) for k, v in doc["link_types"].items()}
+    types = {}
+    for k, v in doc["link_types"].items():
+        protos = _protocol_costs(v.get("protocols", {}), path, f"$.link_types.{k}.protocols")
+        types[k] = LinkType(k, float(v["alpha_us"]), float(v["bw_GBps"]), protos)
+    runtime = doc.get("runtime", {})
+    call_us = {p: float(t) for p, t in runtime.get("call_us", {}).items()}
+    if any(t.calibrated for t in types.values()):
+        missing = [p for p in PROTOCOLS if p not in call_us]
+        if missing:
+            raise UserError(f"calibrated link types need the call cost of every protocol; missing {missing}",
+                            path=path, where="$.runtime.call_us")
 
     def check_type(t, where):
         if t not in types:
@@ -146,8 +220,32 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
     return TopologySpec(
         name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
         pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),
+        call_us=call_us, local_bw_GBps=runtime.get("local_bw_GBps"), sync_us=float(runtime.get("sync_us", 0.0)),
         description=doc.get("description", ""), sources=doc.get("sources", []), path=path, raw=doc,
     )
+
+
+def _protocol_costs(doc: dict, path, where) -> tuple:
+    """A link type's calibrated costs; all three protocols or none (a program may use any of them)."""
+    if not doc:
+        return ()
+    missing = [p for p in PROTOCOLS if p not in doc]
+    if missing:
+        raise UserError(f"calibrated costs must cover every protocol; missing {missing}", path=path, where=where)
+    out = []
+    for p in PROTOCOLS:
+        c = doc[p]
+        tb = c.get("tb_bw_GBps")
+        cost = ProtoCost(float(c["alpha_us"]), float(c["bw_GBps"]), None if tb is None else float(tb),
+                         float(c.get("overhead_us", 0.0)))
+        if cost.overhead_us > cost.alpha_us:
+            raise UserError(f"overhead_us {cost.overhead_us} is above alpha_us {cost.alpha_us}: the sender's part of "
+                            f"a step's latency cannot exceed the latency", path=path, where=f"{where}.{p}.overhead_us")
+        if cost.tb_bw_GBps is not None and cost.tb_bw_GBps > cost.bw_GBps:
+            raise UserError(f"tb_bw_GBps {cost.tb_bw_GBps} is above the link's {p} bandwidth {cost.bw_GBps}: one "
+                            f"thread block cannot move more than the link", path=path, where=f"{where}.{p}.tb_bw_GBps")
+        out.append((p, cost))
+    return tuple(out)
 
 
 # DGX-1 / Azure NDv2 hybrid cube-mesh: pairs joined by two NVLinks, and by one.

@@ -117,13 +117,11 @@ class Selection:
 
 
 def _lower_bounds(topology, collective: str, sizes) -> list:
-    """The bound for any protocol: the simulator charges LL the smallest alpha."""
+    """The bound for any protocol (the smallest of the per-protocol bounds)."""
     from ..bounds import lower_bound
-    from ..simulator import PROTO_ALPHA_FACTOR
 
-    scale = min(PROTO_ALPHA_FACTOR.values())
     try:
-        return [lower_bound(topology, collective, s, alpha_scale=scale) for s in sizes]
+        return [lower_bound(topology, collective, s) for s in sizes]
     except UserError:
         return [None] * len(sizes)
 

@@ -18,8 +18,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("lower", help="lower an algorithm (.algo.json) to a checked MSCCL XML program")
     p.add_argument("algorithm", metavar="ALGO.json")
     p.add_argument("-o", "--output", metavar="OUT.xml", help="output file (default: ALGO name with .xml)")
-    p.add_argument("--instances", type=int, default=1, help="split every chunk N ways on N channel sets (default 1)")
-    p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default="Simple", help="NCCL protocol (default Simple)")
+    p.add_argument("--instances", type=int, default=None,
+                   help="split every chunk N ways on N channel sets (default: the algorithm's, 1 if unset)")
+    p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default=None,
+                   help="NCCL protocol (default: the one the algorithm was synthesized for, Simple if unset)")
     p.add_argument("--dialect", choices=DIALECTS, default="executor", help="XML dialect (default executor)")
     p.add_argument("--min-bytes", default="0", help="smallest buffer size the runtime selects this for (default 0)")
     p.add_argument("--max-bytes", default="0", help="largest buffer size, inclusive; 0 = unbounded (default)")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from ..bounds import lower_bounds
+from ..bounds import lower_bound
 from ..errors import UserError
-from ..simulator import PROTO_ALPHA_FACTOR, SimOptions, Simulator
+from ..simulator import SimOptions, Simulator
 from ..topology import Topology, load_spec
 from ..units import format_size, parse_size_range
 from ..xmlio import read_program
@@ -48,8 +48,7 @@ def run(args) -> int:
         r = sim.run(s)
         lb = None
         try:
-            lb = max(lower_bounds(topo, coll, s, root=program.root or 0,
-                                  alpha_scale=PROTO_ALPHA_FACTOR[program.proto]).values())
+            lb = lower_bound(topo, coll, s, root=program.root or 0, proto=program.proto)
         except UserError:
             pass
         rows.append((r, lb))

@@ -28,8 +28,12 @@ def register(sub):
     p.add_argument("--max-extra-hops", type=int, default=None, help="allow routes this many hops longer than minimal")
     p.add_argument("--name", help="output name (default: the sketch's)")
     p.add_argument("--no-xml", action="store_true", help="write only the algorithm JSON")
-    p.add_argument("--proto", default="Simple", choices=["Simple", "LL", "LL128"], help="protocol of the XML program")
-    p.add_argument("--instances", type=int, default=1, help="instances of the XML program (channels per chunk)")
+    p.add_argument("--proto", default=None, choices=["Simple", "LL", "LL128"],
+                   help="runtime protocol: the synthesizer costs links for it and the XML uses it "
+                        "(default: the sketch's hyperparameters.protocol, else Simple)")
+    p.add_argument("--instances", type=int, default=None,
+                   help="thread blocks per connection (each chunk split N ways): the synthesizer costs links for "
+                        "it and the XML uses it (default: the sketch's hyperparameters.instances, else 1)")
     p.add_argument("-o", "--output", default=".", metavar="OUTDIR", help="output directory (default .)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -45,7 +49,10 @@ def run(args) -> int:
         raise UserError("must be at least 1", where="--nodes")
     report = Reporter(quiet=args.quiet or args.json)
     sketch = load_sketch(args.sketch)
-    opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops)
+    if args.instances is not None and not 1 <= args.instances <= 32:
+        raise UserError("must be between 1 and 32", where="--instances")
+    opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops,
+                            proto=args.proto, instances=args.instances)
     if args.time_limit is not None:
         opts.time_limit_s = args.time_limit
     name = args.name or default_name(sketch, args.collective)
@@ -83,8 +90,8 @@ def run(args) -> int:
 def _lower(algo, args, report):
     from ..lowering import lower, serve_inplace
 
-    report(f"lowering to MSCCL XML (proto {args.proto}, {args.instances} instance(s))")
-    program = lower(algo, instances=args.instances, proto=args.proto)
+    report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
+    program = lower(algo)
     if serve_inplace(program):
         report("the program also serves in-place calls (proven with input and output aliased)")
     return program

@@ -13,7 +13,8 @@ check                 `taccl.checker.check_program`: a program that fails is nev
 
 Public API
 ----------
-``lower(algorithm, *, instances=1, proto="Simple", min_bytes=0, max_bytes=0, max_tbs=108) -> Program``
+``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108) -> Program``
+    (instances and protocol default to the algorithm's)
 ``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
 ``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
 """
@@ -69,13 +70,17 @@ class LoweringOptions:
             raise UserError(f"--max-tbs must be at least 1, got {self.max_tbs}")
 
 
-def lower(algorithm, *, instances: int = 1, proto: str = "Simple", min_bytes: int = 0, max_bytes: int = 0,
-          max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True, name: str | None = None) -> Program:
+def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
+          max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
+          name: str | None = None) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
+    `instances` and `proto` default to the ones the algorithm was synthesized for.
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     """
+    instances = algorithm.instances if instances is None else instances
+    proto = algorithm.protocol if proto is None else proto
     opts = LoweringOptions(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
                            max_tbs=max_tbs, fuse=fuse, check=check)
     opts.validate()

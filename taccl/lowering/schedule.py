@@ -59,7 +59,7 @@ class _State:
         self.tbs = []
         self.step_cap = step_cap
         self.log = None
-        self.hints = {}  # (rank, "S", send peer) -> recv peer of a fused instruction, and vice versa
+        self.hints = {}  # (rank, "S", send peer, pinned channel) -> recv peer of a fused instruction, and vice versa
 
     # --- tentative changes with an undo log
     def _set_owner(self, k, tb):
@@ -121,7 +121,9 @@ class _State:
 
     def _pair_hint(self, tb, r, ch, direction, peer):
         """A new one-connection tb takes the partner connection that a fused instruction will need."""
-        other = self.hints.get((r, direction, peer))
+        other = self.hints.get((r, direction, peer, ch))
+        if other is None:
+            other = self.hints.get((r, direction, peer, None))
         if other is None:
             return
         if direction == "S":
@@ -252,9 +254,9 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     live = [i for i in instrs if not i.dead]
     st = _State(step_cap, pack)
     for ins in sorted(live, key=lambda i: i.pos):
-        if ins.send_peer >= 0 and ins.recv_peer >= 0:
-            st.hints.setdefault((ins.rank, "S", ins.send_peer), ins.recv_peer)
-            st.hints.setdefault((ins.rank, "R", ins.recv_peer), ins.send_peer)
+        if ins.send_peer >= 0 and ins.recv_peer >= 0:  # per pinned channel: pinned flows differ by channel
+            st.hints.setdefault((ins.rank, "S", ins.send_peer, ins.want_ch), ins.recv_peer)
+            st.hints.setdefault((ins.rank, "R", ins.recv_peer, ins.want_ch), ins.send_peer)
     pending = _flows(live)
     pending.reverse()  # a stack: pop the smallest key first
     while pending:
