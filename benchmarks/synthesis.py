@@ -1,4 +1,5 @@
-"""Synthesis benchmark: model size and time per stage, predicted time, lower bound, ratio.
+"""Synthesis benchmark: model size and time per stage, predicted time, lower bound, ratio, and how well the
+written program keeps the schedule (its simulated time over the solver's prediction, same size).
 
     python benchmarks/synthesis.py [--groups core,scale] [--time-limit S] [--stretch]
 
@@ -14,8 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instances import INSTANCES, REFERENCE_ROUTING_SIZE, SKETCHES  # noqa: E402
 
+from taccl.errors import TacclError  # noqa: E402
+from taccl.lowering import lower  # noqa: E402
+from taccl.simulator import Simulator  # noqa: E402
 from taccl.sketch import load_sketch  # noqa: E402
-from taccl.synthesize import SynthesisOptions, synthesize  # noqa: E402
+from taccl.synthesize import SynthesisOptions, resolve, synthesize  # noqa: E402
 
 
 def fmt_size(stage):
@@ -29,24 +33,35 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", default="core,scale", help="instance groups to run (core, scale, stretch)")
     ap.add_argument("--stretch", action="store_true", help="also run the 1024-GPU instance")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per MILP stage, seconds")
+    ap.add_argument("--no-sim", action="store_true", help="skip lowering and simulating the programs")
     args = ap.parse_args(argv)
     groups = set(args.groups.split(",")) | ({"stretch"} if args.stretch else set())
     header = ("instance", "routing v/c/b", "reference v/c/b", "contig v/c/b", "route s", "order s", "contig s",
-              "total s", "time us", "bound us", "ratio")
+              "total s", "time us", "bound us", "ratio", "sim us", "sim/pred")
     rows = []
     for label, sketch, coll, size, group in INSTANCES:
         if group not in groups:
             continue
         t0 = time.monotonic()
-        algo = synthesize(load_sketch(SKETCHES / sketch), collective=coll, input_size=size,
+        sk = load_sketch(SKETCHES / sketch)
+        algo = synthesize(sk, collective=coll, input_size=size,
                           options=SynthesisOptions(time_limit_s=args.time_limit, threads=1))
         total = time.monotonic() - t0
         st = {s["stage"]: s for s in algo.stages}
         ref = REFERENCE_ROUTING_SIZE.get(label)
+        sim = "-"
+        if not args.no_sim:
+            topo = resolve(sk, collective=coll, input_size=size)[0]
+            try:  # the written program, simulated at the size it was synthesized for
+                sim_us = Simulator(lower(algo, max_tbs=topo.spec.sm_count or 108), topo).run(algo.input_size_bytes).time_us
+                sim = f"{sim_us:.2f}"
+            except TacclError as exc:
+                sim = f"({str(exc).splitlines()[0][:40]})"
         rows.append((label, fmt_size(st["routing"]), "/".join(map(str, ref)) if ref else "-", fmt_size(st["contiguity"]),
                      f"{st['routing']['time_s']:.2f}", f"{st['ordering']['time_s']:.2f}", f"{st['contiguity']['time_s']:.2f}",
                      f"{total:.1f}", f"{algo.time_us:.2f}", f"{algo.lower_bound_us:.2f}",
-                     f"{algo.time_us / algo.lower_bound_us:.2f}" if algo.lower_bound_us else "-"))
+                     f"{algo.time_us / algo.lower_bound_us:.2f}" if algo.lower_bound_us else "-", sim,
+                     f"{float(sim) / algo.time_us:.2f}" if sim[0].isdigit() else "-"))
         print(f"  done: {label} in {total:.1f} s", file=sys.stderr, flush=True)
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths))

@@ -93,7 +93,8 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
     for h in order:
         g = groups[h]
         first = tasks[g.tasks[0]]
-        g.start_us = max([groups[p].finish_us for p in data_preds[h]] + [groups[p].sent_us for p in preds[h]] +
+        sync = max(tasks[i].sync_us for i in g.tasks)
+        g.start_us = max([groups[p].finish_us + sync for p in data_preds[h]] + [groups[p].sent_us for p in preds[h]] +
                          [groups[p].sent_us - first.overhead_us for p in lane_preds[h]] + [0.0])
         g.sent_us = g.start_us + first.overhead_us + sum(tasks[i].beta_us for i in g.tasks)
         g.finish_us = g.sent_us + first.flight_us
@@ -129,7 +130,7 @@ def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None
         y[(j, k)] = model.add_var(0, 1, binary=True)
     for i, t in enumerate(tasks):
         for p in t.preds:
-            model.add_constr([s[i], a[p]], [1.0, -1.0], 0.0)
+            model.add_constr([s[i], a[p]], [1.0, -1.0], t.sync_us)
         model.add_constr([e[i], s[i]], [1.0, -1.0], t.overhead_us + t.beta_us)
         model.add_constr([a[i], e[i]], [1.0, -1.0], t.flight_us)
         model.add_constr([T, a[i]], [1.0, -1.0], 0.0)

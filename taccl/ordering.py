@@ -34,6 +34,7 @@ class Task:
     internode: bool
     preds: list = field(default_factory=list)
     busy_us: float | None = None  # the sender's share of alpha (None: all of it)
+    sync_us: float = 0.0  # after its predecessors' arrivals: the runtime's cross-thread-block dependency
 
     @property
     def cost_us(self) -> float:
@@ -150,7 +151,7 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None) 
         for h in held:
             order.setdefault(h, []).append(i)
         for s in succs[i]:
-            data_ready[s] = max(data_ready[s], finish[i])
+            data_ready[s] = max(data_ready[s], finish[i] + tasks[s].sync_us)
             waiting[s] -= 1
             if waiting[s] == 0:
                 heapq.heappush(heap, (data_ready[s], key(s), s))

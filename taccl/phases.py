@@ -6,6 +6,10 @@ A sketch's ``phases`` list says, in order, what happens inside which groups:
                {"collective": "allreduce", "groups": "rail"},         # among the GPUs of one local index
                {"collective": "allgather", "groups": "node"}]
 
+``phases`` may also be an object of such lists by collective (one sketch for several collectives), or
+``"hierarchical"``: the standard decomposition of each collective (`STANDARD`), rail-first for AllGather so
+that each chunk crosses the network once.
+
 Groups: ``node`` (the GPUs of one node), ``rail`` (the GPUs with the same local index on every node: the
 NIC rails of a rail-optimised cluster), ``all`` (every rank). A phase may carry its own
 ``intranode_sketch``, ``internode_sketch``, ``symmetry_offsets`` and ``routing``; otherwise the sketch's
@@ -38,7 +42,7 @@ from .collectives import Collective
 from .errors import UserError
 from .sketch import Sketch, sketch_from_dict
 
-__all__ = ["PhasePlan", "plan_phases", "GROUPS", "KINDS"]
+__all__ = ["PhasePlan", "plan_phases", "phase_list", "relocate", "GROUPS", "KINDS", "STANDARD"]
 
 GROUPS = ("node", "rail", "all")
 KINDS = ("allgather", "reducescatter", "allreduce", "alltoall")
@@ -46,6 +50,29 @@ KINDS = ("allgather", "reducescatter", "allreduce", "alltoall")
 _ALLOWED = {"allgather": {"allgather"}, "reducescatter": {"reducescatter"}, "alltoall": {"alltoall"},
             "allreduce": {"reducescatter", "allreduce", "allgather"}}
 _SKETCH_KEYS = ("intranode_sketch", "internode_sketch", "symmetry_offsets", "routing")
+STANDARD = {
+    "allgather": [("allgather", "rail"), ("allgather", "node")],
+    "reducescatter": [("reducescatter", "node"), ("reducescatter", "rail")],
+    "allreduce": [("reducescatter", "node"), ("allreduce", "rail"), ("allgather", "node")],
+    "alltoall": [("alltoall", "node"), ("alltoall", "rail")],
+}
+
+
+def phase_list(sketch: Sketch, topology, collective: str) -> list:
+    """The sketch's phases for `collective`: [(phase document, its place in the file)]."""
+    ph = sketch.phases
+    if ph == "hierarchical":
+        if collective not in STANDARD:
+            raise UserError(f"\"hierarchical\" phases exist for {', '.join(STANDARD)}, not {collective}",
+                            path=sketch.path, where="$.phases")
+        steps = STANDARD[collective] if topology.nodes > 1 else [(collective, "node")]
+        return [({"collective": k, "groups": g}, "$.phases") for k, g in steps]
+    if isinstance(ph, dict):
+        if collective not in ph:
+            raise UserError(f"the sketch gives phases for {', '.join(sorted(ph))}, not {collective}",
+                            path=sketch.path, where="$.phases")
+        return [(d, f"$.phases.{collective}[{i}]") for i, d in enumerate(ph[collective])]
+    return [(d, f"$.phases[{i}]") for i, d in enumerate(ph)]
 
 
 @dataclass
@@ -58,7 +85,7 @@ class PhasePlan:
     route_coll: Collective  # what the routing MILP routes: copies from sources to destinations
     task_coll: Collective  # what the transfers do (combining for reductions, routed as the inverse)
     where: str  # "$.phases[i]", for errors
-
+    doc: dict  # the phase as written
     def scope(self, topology):
         """The phase's link filter: (src rank, dst rank) -> whether the link joins members of one group."""
         if self.groups == "node":
@@ -143,8 +170,7 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
     for c, r in coll.precondition:
         holders[c][r] = Counter({r: 1}) if coll.combining else Counter({-1: 1})
     plans = []
-    for i, ph in enumerate(sketch.phases):
-        where = f"$.phases[{i}]"
+    for i, (ph, where) in enumerate(phase_list(sketch, topology, coll.name)):
         kind, groups = ph["collective"], ph["groups"]
         if kind not in _ALLOWED[coll.name]:
             raise UserError(f"a {kind} phase cannot be part of a {coll.name}; allowed: "
@@ -213,7 +239,7 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
                             f"it would put them)", path=sketch.path, where=where)
         holders = after
         plans.append(PhasePlan(i, ph.get("name", f"{kind}/{groups}"), kind, groups, _phase_sketch(sketch, ph, where),
-                               route, task, where))
+                               route, task, where, ph))
     _check_composition(sketch, coll, holders)
     return plans
 

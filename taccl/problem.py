@@ -252,6 +252,7 @@ def symmetry_group(prob: Problem) -> tuple:
     gens = []
     for i, (o, g) in enumerate(sk.symmetry_offsets):
         where = f"$.symmetry_offsets[{i}]"
+        g = g or R  # 0: the whole collective (a node rotation whatever the node count)
         if R % g:
             raise UserError(f"symmetry group size {g} does not divide the {R} ranks", path=sk.path, where=where)
         perm = rotation(o, g, R)

@@ -41,13 +41,13 @@ class Sketch:
     beta_split: dict = field(default_factory=dict)  # local GPU -> n (uses 1/n of the NIC bandwidth)
     node_topology: str = "all"
     enforce_ordering: bool = False
-    symmetry_offsets: list = field(default_factory=list)  # [(offset, group_size)]
+    symmetry_offsets: list = field(default_factory=list)  # [(offset, group_size)]; group size 0: all ranks
     max_extra_hops: int | None = None
     merge_links: str = "internode"
     solver: str | None = None
     time_limit_s: float | None = None
     threads: int | None = None
-    phases: list = field(default_factory=list)  # raw phase documents (see taccl.phases)
+    phases: list | dict | str = field(default_factory=list)  # as written (see taccl.phases)
     doc: dict = field(default_factory=dict)  # the document it was read from
 
 
@@ -60,7 +60,7 @@ def _int_keys(d: dict, path, where) -> dict:
 
 def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = None) -> Sketch:
     validate(doc, "sketch.schema.json", path=path)
-    sk = Sketch(name=doc.get("name") or name or "sketch", path=path, doc=doc, phases=list(doc.get("phases", [])))
+    sk = Sketch(name=doc.get("name") or name or "sketch", path=path, doc=doc, phases=doc.get("phases", []))
     sk.topology = doc.get("topology")
     if "nodes" in doc and "nnodes" in doc and doc["nodes"] != doc["nnodes"]:
         raise UserError(f"nodes ({doc['nodes']}) and nnodes ({doc['nnodes']}) disagree", path=path, where="$.nodes")
@@ -118,8 +118,9 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
     sk.enforce_ordering = bool(inter.get("enforce_ordering", False))
     for i, so in enumerate(doc.get("symmetry_offsets", [])):
         o, g = so
-        if g < 1:
-            raise UserError(f"symmetry group size must be positive, got {g}", path=path, where=f"$.symmetry_offsets[{i}]")
+        if g < 0:
+            raise UserError(f"symmetry group size must be positive (or 0: all ranks), got {g}", path=path,
+                            where=f"$.symmetry_offsets[{i}]")
         sk.symmetry_offsets.append((o, g))
     routing = doc.get("routing", {})
     sk.max_extra_hops = routing.get("max_extra_hops")

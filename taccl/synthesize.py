@@ -177,25 +177,21 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
     options = options or SynthesisOptions()
     topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size)
     run = _Run(sketch, options)
-    if sketch.phases:
-        plans = plan_phases(sketch, topo, coll)
-        problems, tasks = [], []
-        writers = {}  # (chunk, rank) -> the transfers whose arrivals make up that rank's copy of the chunk
-        for plan in plans:
-            report(f"phase {plan.index + 1}/{len(plans)}: {plan.name}")
-            try:
-                prob = build_problem(topo, plan.route_coll, plan.sketch, size, proto=options.proto,
-                                     instances=options.instances, scope=plan.groups)
-                routing, phase_tasks = run.route_tasks(prob, plan.task_coll, report, phase=plan.name)
-            except UserError as exc:
-                raise relocate(exc, sketch.phases[plan.index], plan.where) from None
-            problems.append(prob)
-            tasks += _chain(phase_tasks, len(tasks), writers)
-        prob = _merged(problems)
-    else:
-        route_coll = coll.dual() if coll.combining else coll
-        prob = build_problem(topo, route_coll, sketch, size, proto=options.proto, instances=options.instances)
-        routing, tasks = run.route_tasks(prob, coll, report)
+    stages = build_problems(sketch, topo, coll, size, proto=options.proto, instances=options.instances)
+    tasks = []
+    writers = {}  # (chunk, rank) -> the transfers whose arrivals make up that rank's copy of the chunk
+    for k, (prob, task_coll, plan) in enumerate(stages):
+        if plan is None:
+            tasks = run.route_tasks(prob, task_coll, report)[1]
+            continue
+        report(f"phase {k + 1}/{len(stages)}: {plan.name}")
+        try:
+            _, phase_tasks = run.route_tasks(prob, task_coll, report, phase=plan.name)
+        except UserError as exc:
+            raise relocate(exc, plan.doc, plan.where) from None
+        tasks += _chain(phase_tasks, len(tasks), writers)
+    prob = stages[0][0] if len(stages) == 1 else _merged([p for p, _, _ in stages])
+    _set_sync(tasks, topo.spec.sync_us)
     t0 = time.monotonic()
     sched = best_schedule(tasks, prob.lanes)
     run.stages.append({"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
@@ -212,6 +208,24 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
     report(f"done: {algo.time_us:.2f} us predicted, lower bound {algo.lower_bound_us:.2f} us "
            f"({algo.time_us / algo.lower_bound_us if algo.lower_bound_us else float('nan'):.2f}x)")
     return algo
+
+
+def build_problems(sketch: Sketch, topo, coll: Collective, size, *, proto=None, instances=None) -> list:
+    """The sub-problems a synthesis solves, before any solving: [(Problem, collective its transfers do, phase
+    plan or None)], one per phase, or one for a flat sketch. A sketch or phase that does not fit raises
+    `UserError` naming its place."""
+    if not sketch.phases:
+        route_coll = coll.dual() if coll.combining else coll
+        return [(build_problem(topo, route_coll, sketch, size, proto=proto, instances=instances), coll, None)]
+    out = []
+    for plan in plan_phases(sketch, topo, coll):
+        try:
+            prob = build_problem(topo, plan.route_coll, plan.sketch, size, proto=proto, instances=instances,
+                                 scope=plan.groups)
+        except UserError as exc:
+            raise relocate(exc, plan.doc, plan.where) from None
+        out.append((prob, plan.task_coll, plan))
+    return out
 
 
 class _Run:
@@ -253,6 +267,20 @@ class _Run:
         out["gap"] = max((r.get("gap") or 0.0 for r in self.routings), default=0.0)
         out["objective"] = sum(r.get("objective") or 0.0 for r in self.routings)
         return [out]
+
+
+def _set_sync(tasks: list, sync_us: float) -> None:
+    """A task that forwards what one transfer brought, and is that transfer's only reader, becomes one fused
+    step with it (`taccl.lowering.fusion`); any other task waits on another thread block's flag."""
+    if not sync_us:
+        return
+    readers = {}
+    for t in tasks:
+        for p in t.preds:
+            readers[p] = readers.get(p, 0) + 1
+    for t in tasks:
+        if t.preds and not (len(t.preds) == 1 and readers[t.preds[0]] == 1):
+            t.sync_us = sync_us
 
 
 def _chain(tasks: list, offset: int, writers: dict) -> list:

@@ -171,7 +171,7 @@ def test_dry_run_reports_the_cache_and_writes_nothing(small, tmp_path, capsys):
     assert {state for _, state in dry_run(SMALL, out)} == {"cached"}
     fresh = tmp_path / "fresh"
     assert main(["batch", str(SMALL), "-o", str(fresh), "--dry-run"]) == 0
-    assert "6 jobs, 0 cached" in capsys.readouterr().out and not fresh.exists()
+    assert "10 jobs, 0 cached" in capsys.readouterr().out and not fresh.exists()
 
 
 def test_kill_and_resume_loses_nothing(small, tmp_path):
@@ -213,12 +213,12 @@ def test_failed_synthesis_falls_back_to_the_best_baseline(tmp_path, monkeypatch)
     monkeypatch.setattr("taccl.synthesize.synthesize", broken)  # forked workers inherit it
     out = tmp_path / "out"
     result = run_batch(sku_file(tmp_path), out, workers=2)
-    assert result.failed == 4  # two collectives x two chunk-ups
+    assert result.failed == 8  # two collectives x two chunk-ups x two protocols
     sel = result.selection
     for g in sel.groups:
         assert {w.kind for w in g.windows} == {"baseline"}
         assert all("synthesis failed" in w.note for w in g.windows)
-        assert len(g.failed_jobs) == 2
+        assert len(g.failed_jobs) == 4
     report = (out / "report.md").read_text()
     assert "the solver found no routing (test)" in report and "fell back" in report
     assert all(r["kind"] == "baseline" and r["file"] != "-" for r in rows(out))
@@ -239,7 +239,7 @@ def test_a_job_over_its_timeout_is_stopped_and_retried_when_the_limit_grows(tmp_
     assert same.computed == 0  # a timeout under the same limit is a result
     monkeypatch.undo()
     longer = run_batch(sku_file(tmp_path, "job_timeout_s: 300\n"), out, workers=2)
-    assert longer.failed == 0 and longer.computed == 4
+    assert longer.failed == 0 and longer.computed == 8
 
 
 def test_bad_sku_lists_every_problem_before_any_work(tmp_path, capsys):

@@ -2,8 +2,9 @@
 
 Three kinds of result, each stored under its own key (`taccl.batch.cache`):
 
-    synthesis   sketch variant + topology + nodes + collective + input size + solver settings -> Algorithm
-    program     a synthesis (or a baseline) lowered with one protocol and instance count, proven -> XML
+    synthesis   sketch variant (protocol and instance count included: they set the link costs) + topology +
+                nodes + collective + input size + solver settings -> Algorithm
+    program     a synthesis (or a baseline) lowered with its protocol and instance count, proven -> XML
     simulation  a program simulated on the SKU's size grid -> time and algbw per size
 
 A key hashes everything the result depends on, the tool's version and a digest of its source included, so
@@ -98,10 +99,15 @@ class Task:
         return out
 
 
-def _variant_doc(doc: dict, chunkup, policy) -> dict:
+def _variant_doc(doc: dict, chunkup, policy, proto=None, instances=None) -> dict:
     doc = copy.deepcopy(doc)
+    hp = doc.setdefault("hyperparameters", {})
     if chunkup is not None:
-        doc.setdefault("hyperparameters", {})["input_chunkup"] = chunkup
+        hp["input_chunkup"] = chunkup
+    if proto is not None:  # the synthesizer costs links for the protocol and instance count it lowers with
+        hp["protocol"] = proto
+    if instances is not None:
+        hp["instances"] = instances
     if policy is not None:
         intra = doc.setdefault("intranode_sketch", {})
         intra["switch_hyperedge_strategy"] = [policy] * len(intra.get("switches", []))
@@ -132,22 +138,22 @@ def plan(sku: Sku) -> list:
                 for size in cand.synthesis_sizes:
                     for chunkup in cand.chunkups:
                         for policy in cand.switch_policies:
-                            doc = _variant_doc(cand.sketch_doc, chunkup, policy)
-                            label = cand.name + (f".c{chunkup}" if chunkup else "") + (f".{policy}" if policy else "")
-                            label += f"@{format_size(size)}"
-                            key = digest({"kind": "synthesis", "sketch": doc, "topology": topo_fp, "nodes": n,
-                                          "collective": coll, "size": size, "solver": solver})
-                            progs = []
                             for proto in cand.protocols:
                                 for inst in cand.instances:
+                                    # one synthesis per protocol and instance count: the link costs differ
+                                    doc = _variant_doc(cand.sketch_doc, chunkup, policy, proto, inst)
+                                    label = (cand.name + (f".c{chunkup}" if chunkup else "") +
+                                             (f".{policy}" if policy else "") + f"@{format_size(size)}")
+                                    key = digest({"kind": "synthesis", "sketch": doc, "topology": topo_fp, "nodes": n,
+                                                  "collective": coll, "size": size, "solver": solver})
                                     pkey = digest({"kind": "program", "synthesis": key, "proto": proto,
                                                    "instances": inst, "max_tbs": sku.max_tbs})
                                     plabel = f"{label}/{proto}" + (f".i{inst}" if inst > 1 else "")
-                                    progs.append(program(pkey, plabel, "synthesized", cand.name, proto, inst, n))
-                            tasks.append(Task(kind="synthesis", key=key, label=label, collective=coll, nodes=n,
-                                              topology=sku.topology, grid=sku.grid, programs=progs, max_tbs=sku.max_tbs,
-                                              sketch_path=cand.sketch_path, sketch_doc=doc, size_bytes=size,
-                                              solver=solver))
+                                    prog = program(pkey, plabel, "synthesized", cand.name, proto, inst, n)
+                                    tasks.append(Task(kind="synthesis", key=key, label=plabel, collective=coll,
+                                                      nodes=n, topology=sku.topology, grid=sku.grid, programs=[prog],
+                                                      max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
+                                                      sketch_doc=doc, size_bytes=size, solver=solver))
     from ..baselines import BASELINES, applicable
     from ..topology import Topology
 
@@ -220,7 +226,8 @@ def _synthesize(task: Task) -> dict:
     try:
         sketch = sketch_from_dict(task.sketch_doc, path=task.sketch_path)
         algo = synthesize(sketch, topology=task.topology, nodes=task.nodes, collective=task.collective,
-                          input_size=str(task.size_bytes), name=task.label.replace("@", "-"),
+                          input_size=str(task.size_bytes),
+                          name=task.label.replace("@", "-").replace("/", "-"),
                           options=SynthesisOptions(solver=s["name"], time_limit_s=s["time_limit_s"],
                                                    threads=s["threads"], seed=s["seed"]))
     except Exception as exc:  # a failed job is a result too: reported, and the others go on

@@ -250,7 +250,7 @@ def load_sku(path) -> Sku:
                time_limit_s=time_limit, threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
                # three MILP stages, plus lowering, checking and simulation
                job_timeout_s=float(doc.get("job_timeout_s", 4 * time_limit + 300)),
-               max_tbs=int(doc.get("max_tbs", 108)), baseline_names=bnames,
+               max_tbs=int(doc.get("max_tbs", spec.sm_count or 108)), baseline_names=bnames,
                baseline_protocols=tuple(bdoc.get("protocol", DEFAULT_PROTOCOLS)),
                baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml",
                merge_tolerance=float(doc.get("merge_tolerance", 0.0)))
@@ -259,13 +259,13 @@ def load_sku(path) -> Sku:
 def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:
     """Why the sketch cannot be used on `nodes` nodes of `spec` (relay GPUs, switches, symmetry), or None."""
     from ..collectives import make_collective
-    from ..problem import build_problem
+    from ..synthesize import build_problems
     from ..topology import Topology
 
     try:
         topo = Topology(spec, nodes)
         coll = make_collective(collective, topo.num_ranks, sketch.chunkup)
-        build_problem(topo, coll.dual() if coll.combining else coll, sketch, 1 << 20)
+        build_problems(sketch, topo, coll, 1 << 20)
     except UserError as exc:
         return str(exc)
     return None
@@ -310,9 +310,11 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
         return None
     if spec is not None and colls:
         for j, n in _items(cdoc.get("nodes", list(cnodes))):
-            why = _misfit(sketch, spec, n, colls[0])
-            if why:
-                problems.add(at + ("sketch",), f"does not fit {spec.name} x{n}: {why}")
+            for c in colls if sketch.phases else colls[:1]:  # phases differ by collective
+                why = _misfit(sketch, spec, n, c)
+                if why:
+                    problems.add(at + ("sketch",), f"does not fit {spec.name} x{n} ({c}): {why}")
+                    break
     name = cdoc.get("name") or sketch_path.name.removesuffix(".json")
     return Candidate(name=name, sketch_path=str(sketch_path.resolve()), sketch_doc=doc,
                      collectives=tuple(colls), nodes=cnodes, synthesis_sizes=tuple(synth),

@@ -1,7 +1,8 @@
 """Pass: instruction fusion (MSCCLang section 4.3; rules in msccl-xml.md section 4).
 
-Rewrite rules, applied to a receive X (``r`` or ``rrc``) on rank R and the first send Y on R that reads
-exactly the slots X wrote and nothing else (so X is Y's only dependency):
+Rewrite rules, applied to a receive X (``r`` or ``rrc``) on rank R whose only reader is a send Y on R that
+reads exactly the slots X wrote and nothing else (so X is Y's only dependency; with more readers, they
+would all wait for the fused send):
 
 - ``r``   + ``s``  -> ``rcs``   receive, store, forward;
 - ``rrc`` + ``s``  -> ``rrcs``  receive, reduce, store, forward;
@@ -34,6 +35,10 @@ _FUSED = {StepType.RECV: StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_COPY: Ste
 
 
 def _candidate(x):
+    if len(x.readers) != 1:
+        # the other readers of a fused receive would wait for its send too (a dependency is on a whole
+        # step): a fan-out forwards faster from a plain receive
+        return None
     best = None
     for y in x.readers:
         if (y.type is StepType.SEND and not y.dead and y.srcbuf == x.dstbuf and y.srcoff == x.dstoff
