@@ -1,0 +1,146 @@
+"""Hierarchical, multi-phase synthesis: planning, composition errors, and programs that compute the collective."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from taccl.cli import main
+from taccl.collectives import make_collective
+from taccl.errors import UserError
+from taccl.lowering import lower, write_program
+from taccl.phases import plan_phases
+from taccl.sketch import sketch_from_dict
+from taccl.synthesize import SynthesisOptions, synthesize
+from taccl.topology import Topology, spec_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# 2 GPUs per node on a switch, one NIC per GPU (rail-aligned), 3 nodes: 6 ranks.
+NODE = {"name": "pair", "gpus_per_node": 2,
+        "link_types": {"sw": {"alpha_us": 0.5, "bw_GBps": 10.0}, "ib": {"alpha_us": 2.0, "bw_GBps": 2.0}},
+        "switches": [{"gpus": [0, 1], "type": "sw"}],
+        "nics": [{"gpus": [0], "type": "ib"}, {"gpus": [1], "type": "ib"}]}
+
+
+def topo_file(tmp_path):
+    p = tmp_path / "pair.json"
+    p.write_text(json.dumps(NODE))
+    return str(p)
+
+
+def sketch(tmp_path, phases="hierarchical", nodes=3, collective="allgather", **extra):
+    doc = {"topology": topo_file(tmp_path), "nodes": nodes, "collective": collective, "input_size": "96K",
+           "intranode_sketch": {"strategy": "switch", "switches": [[0, 1]], "switch_hyperedge_strategy": "uc-min"},
+           "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [0], "1": [1]}},
+           "symmetry_offsets": [[1, 2], [2, 0]], "phases": phases}
+    doc.update(extra)
+    return sketch_from_dict(doc, path=str(tmp_path / "hier.json"))
+
+
+def plan(tmp_path, collective, **kw):
+    sk = sketch(tmp_path, collective=collective, **kw)
+    topo = Topology(spec_from_dict(NODE), kw.get("nodes", 3))
+    return plan_phases(sk, topo, make_collective(collective, topo.num_ranks))
+
+
+def test_hierarchical_phases_by_collective(tmp_path):
+    steps = {c: [(p.kind, p.groups) for p in plan(tmp_path, c)]
+             for c in ("allgather", "reducescatter", "allreduce", "alltoall")}
+    assert steps == {"allgather": [("allgather", "rail"), ("allgather", "node")],
+                     "reducescatter": [("reducescatter", "node"), ("reducescatter", "rail")],
+                     "allreduce": [("reducescatter", "node"), ("allreduce", "rail"), ("allgather", "node")],
+                     "alltoall": [("alltoall", "node"), ("alltoall", "rail")]}
+
+
+def test_phase_collectives_move_chunks_towards_their_targets(tmp_path):
+    rail, node = plan(tmp_path, "allgather")
+    # rank 0's chunk 0 first reaches rank 0 of every node (ranks 2, 4), then every rank
+    assert {r for c, r in rail.route_coll.postcondition if c == 0} == {0, 2, 4}
+    assert {r for c, r in node.route_coll.precondition if c == 0} == {0, 2, 4}
+    assert {r for c, r in node.route_coll.postcondition if c == 0} == set(range(6))
+    rs_node, rs_rail = plan(tmp_path, "reducescatter")
+    # chunk 3 belongs to rank 3 (node 1, GPU 1): each node first reduces it into its GPU 1
+    assert {r for c, r in rs_node.task_coll.postcondition if c == 3} == {1, 3, 5}
+    assert {r for c, r in rs_rail.task_coll.postcondition if c == 3} == {3}
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "alltoall"])
+def test_hierarchical_programs_are_proven_and_compute_the_collective(tmp_path, collective):
+    algo = synthesize(sketch(tmp_path, collective=collective), options=SynthesisOptions(time_limit_s=20))
+    assert [s["stage"] for s in algo.stages] == ["routing", "ordering", "contiguity"]
+    assert len(algo.stages[0]["phases"]) == (3 if collective == "allreduce" else 2)
+    program = lower(algo)  # proven by the checker, or it raises
+    path = write_program(program, tmp_path / f"{collective}.xml")
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import run_program
+
+    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
+    assert report["checked"] and report["wrong"] == 0
+
+
+def test_phases_are_composed_chunk_by_chunk(tmp_path):
+    """A chunk's node phase starts as soon as that chunk crossed the network, not after the whole rail phase."""
+    algo = synthesize(sketch(tmp_path, collective="allgather"), options=SynthesisOptions(time_limit_s=20))
+    net = [t for t in algo.transfers if t.link == "ib"]
+    intra = [t for t in algo.transfers if t.link == "sw" and any(d in {n.id for n in net} for d in t.deps)]
+    assert intra and min(t.send_us for t in intra) < max(t.arrive_us for t in net)
+
+
+def test_phases_that_do_not_make_up_the_collective(tmp_path):
+    with pytest.raises(UserError, match=r"\$\.phases: the phases do not make up allgather: after the last phase"):
+        plan(tmp_path, "allgather", phases=[{"collective": "allgather", "groups": "node"}])
+    with pytest.raises(UserError, match=r"\$\.phases\[1\]\.collective: a reducescatter phase cannot be part of a "
+                                        r"allgather"):
+        plan(tmp_path, "allgather", phases=[{"collective": "allgather", "groups": "rail"},
+                                            {"collective": "reducescatter", "groups": "node"}])
+    with pytest.raises(UserError, match="summed twice"):
+        plan(tmp_path, "allreduce", phases=[{"collective": "allreduce", "groups": "node"},
+                                            {"collective": "allreduce", "groups": "all"},
+                                            {"collective": "allreduce", "groups": "rail"}])
+    with pytest.raises(UserError, match=r"\$\.phases: the sketch gives phases for allgather, not alltoall"):
+        plan(tmp_path, "alltoall", phases={"allgather": [{"collective": "allgather", "groups": "all"}]})
+
+
+def test_phase_that_does_not_fit_the_topology(tmp_path):
+    with pytest.raises(UserError, match=r"\$\.phases\[0\]\.groups: a rail phase needs several nodes"):
+        plan(tmp_path, "allgather", nodes=1, phases=[{"collective": "allgather", "groups": "rail"}])
+    # a phase's own sketch is checked where the phase writes it
+    bad = [{"collective": "allgather", "groups": "rail"},
+           {"collective": "allgather", "groups": "node",
+            "intranode_sketch": {"strategy": "switch", "switches": [[0, 7]]}}]
+    with pytest.raises(UserError, match=r"\$\.phases\[1\]\.intranode_sketch\.switches\[0\]: GPU 7 is not in a 2-GPU node"):
+        synthesize(sketch(tmp_path, phases=bad), options=SynthesisOptions(time_limit_s=5))
+    no_rail = sketch(tmp_path, internode_sketch={"strategy": "relay", "internode_conn": {"0": [1], "1": [0]}})
+    with pytest.raises(UserError, match=r"\$\.internode_sketch\.internode_conn: a rail phase needs inter-node links"):
+        synthesize(no_rail, options=SynthesisOptions(time_limit_s=5))
+
+
+def test_cli_refuses_bad_phases_and_writes_nothing(tmp_path, capsys):
+    doc = {"topology": topo_file(tmp_path), "nodes": 3, "collective": "allgather",
+           "phases": [{"collective": "allgather", "groups": "node"}]}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    assert main(["solve", str(path), "-o", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json: $.phases: the phases do not make up allgather" in err and "Traceback" not in err
+    assert not out.exists() or not any(out.iterdir())
+    doc["phases"] = [{"collective": "allgather", "groups": "rails"}]
+    path.write_text(json.dumps(doc))
+    assert main(["solve", str(path), "-o", str(out), "-q"]) == 2
+    assert "$.phases" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-hier", "dgx-a100-hier", "dgx2-hier", "ndv2-hier"])
+def test_shipped_hierarchical_sketches_plan_every_collective(name):
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import build_problems, resolve
+
+    sk = load_sketch(ROOT / "sketches" / f"{name}.json")
+    for nodes in (2, 4):
+        for coll in ("allgather", "reducescatter", "allreduce", "alltoall"):
+            topo, c, size = resolve(sk, nodes=nodes, collective=coll)
+            assert len(build_problems(sk, topo, c, size)) >= 2
