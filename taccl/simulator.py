@@ -273,7 +273,10 @@ class Simulator:
         n = max(1, math.ceil(chunk / tile - 1e-9))
         return chunk, n, min(tile, chunk)
 
-    def run(self, size_bytes: float) -> SimResult:
+    def run(self, size_bytes: float, trace: list | None = None) -> SimResult:
+        """Simulate one size; with `trace` (a list), each finished step is appended to it as
+        ``(rank, tb, step, tile, previous step's end, end)`` (microseconds, without the call cost)."""
+        self._trace = trace
         chunk, ntiles, tile = self.tiles_for(size_bytes)
         K = ntiles
         exact = True
@@ -356,10 +359,14 @@ class Simulator:
         push = heapq.heappush
         pop = heapq.heappop
 
+        trace = getattr(self, "_trace", None)
+
         def complete(G, t):
             # step pc[G] of iteration it[G] finished at t
             i = pc[G]
             itx = it[G]
+            if trace is not None:
+                trace.append(self.where[G] + (i, itx, tfree[G], t))
             if hasdep[G][i]:
                 key = (G, itx, i)
                 fin[key] = t

@@ -123,7 +123,7 @@ def algorithm_ops(algo, coll, *, single: bool = False) -> list:
         for k, run in enumerate(runs):
             (sb, so), (db, do), opnd = run[0]
             ops.append(ChunkOp(t.op, t.src, sb, so, t.dst, db, do, cnt=len(run), operand=opnd,
-                               key=(pos, k), origin=where))
+                               key=(pos, k), origin=where, span=(t.send_us, t.arrive_us)))
         for it in items:
             loc[(it[0], t.dst)] = it[2]
     # final local copies to the postcondition slots

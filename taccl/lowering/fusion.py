@@ -2,7 +2,9 @@
 
 Rewrite rules, applied to a receive X (``r`` or ``rrc``) on rank R whose only reader is a send Y on R that
 reads exactly the slots X wrote and nothing else (so X is Y's only dependency; with more readers, they
-would all wait for the fused send):
+would all wait for the fused send), and, for a synthesized algorithm, only where its schedule never
+overlaps the transfers of X's and Y's connections (a fused step puts both in one thread block, which
+would serialise them):
 
 - ``r``   + ``s``  -> ``rcs``   receive, store, forward;
 - ``rrc`` + ``s``  -> ``rrcs``  receive, reduce, store, forward;
@@ -34,7 +36,7 @@ __all__ = ["fuse"]
 _FUSED = {StepType.RECV: StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_COPY: StepType.RECV_REDUCE_COPY_SEND}
 
 
-def _candidate(x):
+def _candidate(x, serial=None):
     if len(x.readers) != 1:
         # the other readers of a fused receive would wait for its send too (a dependency is on a whole
         # step): a fan-out forwards faster from a plain receive
@@ -45,13 +47,65 @@ def _candidate(x):
                 and y.cnt == x.cnt and len(y.deps) == 1 and x in y.deps and y.to is not None):
             if best is None or y.key < best.key:
                 best = y
+    if best is not None and serial is not None and not serial(x.rank, x.recv_peer, best.send_peer):
+        return None
     return best
+
+
+def _serial_pairs(instrs):
+    """Whether fusing receives from A with sends to B on rank R keeps the schedule. Fused steps put both
+    connections in one thread block, which takes its steps one at a time in order (a fused step at its
+    send's place): a receive holds the block until its data arrived, a send until its data left. The pair
+    is fine when, walked so, every send still starts at its scheduled time. Programs without times (the
+    DSL) always are."""
+    steps = {}
+    for ins in instrs:
+        if ins.dead:
+            continue
+        if ins.span is None:
+            if ins.send_peer >= 0 or ins.recv_peer >= 0:
+                return None
+            continue
+        if ins.recv_peer >= 0:
+            steps.setdefault((ins.rank, "R", ins.recv_peer), []).append(ins)
+        if ins.send_peer >= 0:
+            steps.setdefault((ins.rank, "S", ins.send_peer), []).append(ins)
+    memo = {}
+
+    def serial(r, a, b):
+        key = (r, a, b)
+        if key in memo:
+            return memo[key]
+        sends = steps.get((r, "S", b), [])
+        fused = {}  # receive from A -> the send to B it would fuse with
+        for y in sends:
+            x = next(iter(y.deps)) if len(y.deps) == 1 else None
+            if x is not None and x.recv_peer == a and len(x.readers) == 1 and x.type in _FUSED:
+                fused[x] = y
+        items = [(y.pos, y) for y in sends] + [(x.pos, x) for x in steps.get((r, "R", a), []) if x not in fused]
+        ready = {y: x.span[1] for x, y in fused.items()}
+        free, ok = 0.0, True
+        for _, ins in sorted(items, key=lambda it: it[0]):
+            send, arrive = ins.span
+            if ins.send_peer == b and ins.recv_peer != a:  # a send (fused or not)
+                free = max(free, ready.get(ins, 0.0))
+                if free > send + 1e-6:
+                    ok = False
+                    break
+                free = arrive
+            else:  # a receive from A that stays plain
+                free = max(free, arrive)
+        memo[key] = ok
+        return ok
+
+    return serial
 
 
 def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True) -> bool:
     """Fuse in place; absorbed sends are marked ``dead``. Returns True."""
+    serial = _serial_pairs(instrs)
     if mode == "natural":
-        return _fuse_natural(instrs, allow_rrs)
+        return _fuse_natural(instrs, allow_rrs, serial)
     heap = [(x.key, x.id) for x in instrs if x.type in _FUSED]
     heapq.heapify(heap)
     while heap:
@@ -59,7 +113,7 @@ def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True) -> bool:
         x = instrs[xid]
         if x.key != key or x.type not in _FUSED or x.dead:
             continue
-        y = _candidate(x)
+        y = _candidate(x, serial)
         if y is None:
             continue
         z = y.to
@@ -94,9 +148,9 @@ def _absorb(x, y, allow_rrs):
     x.dependents = [d for d in x.dependents if d is not y]
 
 
-def _fuse_natural(instrs, allow_rrs) -> bool:
+def _fuse_natural(instrs, allow_rrs, serial=None) -> bool:
     for x in sorted((i for i in instrs if i.type in _FUSED), key=lambda i: i.key):
-        y = _candidate(x)
+        y = _candidate(x, serial)
         if y is None:
             continue
         _absorb(x, y, allow_rrs)

@@ -86,15 +86,15 @@ def generate(ops: list, num_ranks: int) -> list:
         opnd = _slots(operand[0], operand[1], op.cnt)
         if op.remote:
             s = new(op.src_rank, StepType.SEND, srcbuf=op.src_buf, srcoff=op.src_off, cnt=op.cnt,
-                    send_peer=op.dst_rank, key=op.key, origin=op.origin, want_ch=op.ch)
+                    send_peer=op.dst_rank, key=op.key, origin=op.origin, want_ch=op.ch, span=op.span)
             ranks[op.src_rank].read(s, src)
             if op.kind == COPY:
                 r = new(op.dst_rank, StepType.RECV, dstbuf=op.dst_buf, dstoff=op.dst_off, cnt=op.cnt,
-                        recv_peer=op.src_rank, key=op.key, origin=op.origin, want_ch=op.ch)
+                        recv_peer=op.src_rank, key=op.key, origin=op.origin, want_ch=op.ch, span=op.span)
             else:
                 r = new(op.dst_rank, StepType.RECV_REDUCE_COPY, srcbuf=operand[0], srcoff=operand[1],
                         dstbuf=op.dst_buf, dstoff=op.dst_off, cnt=op.cnt, recv_peer=op.src_rank, key=op.key,
-                        origin=op.origin, want_ch=op.ch)
+                        origin=op.origin, want_ch=op.ch, span=op.span)
                 ranks[op.dst_rank].read(r, opnd)
             ranks[op.dst_rank].write(r, dst)
             s.to, r.frm = r, s

@@ -48,6 +48,7 @@ class ChunkOp:
     ch: int | None = None
     key: tuple = ()
     origin: str = ""
+    span: tuple | None = None  # (send, arrival) in the algorithm's schedule, us; None from the DSL
 
     @property
     def remote(self) -> bool:
@@ -59,10 +60,10 @@ class Instr:
 
     __slots__ = ("id", "rank", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "send_peer", "recv_peer",
                  "key", "pos", "deps", "dependents", "readers", "overwritten", "to", "frm", "dead", "ch", "want_ch",
-                 "tb", "origin")
+                 "tb", "origin", "span")
 
     def __init__(self, id, rank, type, *, srcbuf=Buf.INPUT, srcoff=-1, dstbuf=Buf.OUTPUT, dstoff=-1, cnt=1,
-                 send_peer=-1, recv_peer=-1, key=(), origin="", want_ch=None):
+                 send_peer=-1, recv_peer=-1, key=(), origin="", want_ch=None, span=None):
         self.id = id
         self.rank = rank
         self.type = type
@@ -81,6 +82,7 @@ class Instr:
         self.want_ch = want_ch
         self.tb = None
         self.origin = origin
+        self.span = span  # (send, arrival) of its transfer in the algorithm's schedule, or None
 
     def __repr__(self) -> str:
         return (f"Instr({self.id}, r{self.rank}, {self.type}, src={self.srcbuf}{self.srcoff}, "
