@@ -9,8 +9,10 @@ File form (`<name>.algo.json`, documented in docs/algorithm-format.md):
 
 A transfer moves one or more chunks (its contiguity group: sent together in one send, one alpha) from `src`
 to `dst`. `op` is "copy" (dst now holds the chunks) or "reduce" (dst adds src's partial sums of the chunks
-into its own). `deps` are the ids of the transfers whose arrival at `src` this one waits for. Transfers are
-listed in send-time order; on each (src, dst) pair, list order is the order of the sends.
+into its own). `deps` are the ids of the transfers whose arrival at `src` this one waits for; `after` (if
+any) the transfers from the same source that the schedule puts just before it on a resource that carries
+one transfer at a time (a NIC, say): the lowering makes it wait for them, so the program keeps the order.
+Transfers are listed in send-time order; on each (src, dst) pair, list order is the order of the sends.
 
 `verify(algorithm, collective)` is the transfer-level proof that the schedule implements the collective:
 every transfer sends only what its source holds at its send time (after every dependency arrived), no
@@ -40,6 +42,7 @@ class Transfer:
     arrive_us: float
     deps: tuple = ()
     link: str = ""
+    after: tuple = ()  # transfers of the same source sharing a one-at-a-time resource, scheduled just before
 
 
 @dataclass
@@ -64,8 +67,9 @@ class Algorithm:
         doc = {"format": FORMAT}
         doc.update(asdict(self))
         doc["transfers"] = [
-            {"id": t.id, "chunks": list(t.chunks), "src": t.src, "dst": t.dst, "op": t.op,
-             "send_us": round(t.send_us, 6), "arrive_us": round(t.arrive_us, 6), "deps": list(t.deps), "link": t.link}
+            dict({"id": t.id, "chunks": list(t.chunks), "src": t.src, "dst": t.dst, "op": t.op,
+                  "send_us": round(t.send_us, 6), "arrive_us": round(t.arrive_us, 6), "deps": list(t.deps),
+                  "link": t.link}, **({"after": list(t.after)} if t.after else {}))
             for t in self.transfers
         ]
         doc["time_us"] = round(self.time_us, 6)
@@ -80,7 +84,7 @@ class Algorithm:
             transfers = [Transfer(id=int(t["id"]), chunks=tuple(int(c) for c in t["chunks"]), src=int(t["src"]),
                                   dst=int(t["dst"]), op=str(t["op"]), send_us=float(t["send_us"]),
                                   arrive_us=float(t["arrive_us"]), deps=tuple(int(d) for d in t.get("deps", ())),
-                                  link=str(t.get("link", "")))
+                                  link=str(t.get("link", "")), after=tuple(int(d) for d in t.get("after", ())))
                          for t in doc["transfers"]]
             algo = cls(name=str(doc["name"]), collective=dict(doc["collective"]), topology=dict(doc["topology"]),
                        input_size_bytes=int(doc["input_size_bytes"]), chunk_bytes=float(doc["chunk_bytes"]),

@@ -12,6 +12,8 @@ same link, adjacent in the buffers, consecutive on every connection and lane the
   (o_i: the sender's share of alpha_i, f_i = alpha_i - o_i: the latency in flight)
   consecutive (j, k) on a connection, not a candidate:  s_k >= e_j
   consecutive (j, k) on a lane:                         s_k + o_k >= e_j
+  (the FIFO credits, a send waiting for the arrival of the one `fifo_depth` places earlier on its
+  connection, are enforced in the exact times only: merging can only relax them)
   candidate (j, k):  s_k >= e_j - M y;  s_k = s_j when y = 1;  e_k >= e_j + beta_k - M (1 - y);
                      a_j >= a_k - M (1 - y)   (the whole group arrives together)
 Every variable is boxed in [0, UB] with UB the ordering stage's makespan, so M = UB is valid and tight.
@@ -63,7 +65,7 @@ def merge_candidates(tasks, sched: Schedule, adjacent) -> list:
     return out
 
 
-def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
+def exact_times(tasks, sched: Schedule, merged: set, fifo_depth: int = 0) -> Contiguity:
     """Groups from the merged pairs, and their ASAP times given the fixed orders."""
     head = list(range(len(tasks)))
     for j, k in sorted(merged, key=lambda p: sched.start[p[0]]):
@@ -82,6 +84,7 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
         for p in t.preds:
             if gof[p] != gof[i]:
                 data_preds[gof[i]].add(gof[p])
+    fifo_preds = {h: set() for h in groups}
     for key, ids in sched.order.items():
         seq = []
         for i in ids:
@@ -89,13 +92,17 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
                 seq.append(gof[i])
         for a, b in zip(seq, seq[1:]):
             (preds if key[0] == "conn" else lane_preds)[b].add(a)
-    order = topological_order({h: data_preds[h] | preds[h] | lane_preds[h] for h in groups})
+        if key[0] == "conn" and fifo_depth:  # FIFO credits: `fifo_depth` sends in flight on a connection
+            for a, b in zip(seq, seq[fifo_depth:]):
+                fifo_preds[b].add(a)
+    order = topological_order({h: data_preds[h] | preds[h] | lane_preds[h] | fifo_preds[h] for h in groups})
     for h in order:
         g = groups[h]
         first = tasks[g.tasks[0]]
         sync = max(tasks[i].sync_us for i in g.tasks)
         g.start_us = max([groups[p].finish_us + sync for p in data_preds[h]] + [groups[p].sent_us for p in preds[h]] +
-                         [groups[p].sent_us - first.overhead_us for p in lane_preds[h]] + [0.0])
+                         [groups[p].sent_us - first.overhead_us for p in lane_preds[h]] +
+                         [groups[p].finish_us + first.flight_us for p in fifo_preds[h]] + [0.0])
         g.sent_us = g.start_us + first.overhead_us + sum(tasks[i].beta_us for i in g.tasks)
         g.finish_us = g.sent_us + first.flight_us
     ordered = sorted(groups.values(), key=lambda g: (g.start_us, g.tasks[0]))
@@ -105,9 +112,10 @@ def exact_times(tasks, sched: Schedule, merged: set) -> Contiguity:
 MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building; keep the greedy times
 
 
-def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT) -> Contiguity:
+def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT,
+               fifo_depth: int = 0) -> Contiguity:
     cands = merge_candidates(tasks, sched, adjacent)
-    base = exact_times(tasks, sched, set())
+    base = exact_times(tasks, sched, set(), fifo_depth)
     skip = None
     if not cands:
         skip = "skipped (no merge candidates)"
@@ -166,7 +174,7 @@ def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None
         base.stats = stats
         return base
     merged = {jk for jk, v in y.items() if res.values[v] > 0.5}
-    out = exact_times(tasks, sched, merged)
+    out = exact_times(tasks, sched, merged, fifo_depth)
     if out.makespan_us > base.makespan_us + 1e-9:
         merged, out = set(), base
     stats["merged_pairs"] = len(merged)

@@ -11,7 +11,9 @@ thread block in the lowered program, for the sender's share of its latency alpha
 (beta), which also holds one *lane* of every shared resource of the link (switch ports, NICs, direct
 links); the data arrives the rest of alpha later (`Task.flight_us`). A shared resource has
 ``lanes[res]`` lanes (1 unless one thread block cannot fill it). The order of tasks is fixed per
-connection and per lane (`Schedule.order`, keyed by ("conn", src, dst) and by (resource, lane)).
+connection and per lane (`Schedule.order`, keyed by ("conn", src, dst) and by (resource, lane)). A
+connection's FIFO holds ``fifo_depth`` sends (the runtime's: Simple 2, LL/LL128 8): a send waits until the
+one that many places earlier has arrived and its credit has come back (its in-flight latency).
 `Schedule.start` is when a task takes its connection, `Schedule.finish` when its data has arrived.
 """
 from __future__ import annotations
@@ -103,8 +105,9 @@ def topological_order(preds: dict) -> list:
     return out
 
 
-def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None) -> Schedule:
+def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None, fifo_depth: int = 0) -> Schedule:
     lanes = lanes or {}
+    arrived = {}  # connection -> arrivals of its tasks so far (for the FIFO credits)
     remaining, travelled, succs = _priorities(tasks)
     n = len(tasks)
     start, finish = [0.0] * n, [0.0] * n
@@ -132,6 +135,10 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None) 
         est, k, i = heapq.heappop(heap)
         t = tasks[i]
         real = max(data_ready[i], conn_free.get(t.conn, 0.0))
+        done = arrived.get(t.conn)
+        if fifo_depth and done and len(done) >= fifo_depth:
+            # the FIFO holds `fifo_depth` sends: wait until one was received and its credit came back
+            real = max(real, done[len(done) - fifo_depth] + t.flight_us)
         data = max([real + t.overhead_us] + [min(free_lanes(r)) for r in t.resources])
         real = data - t.overhead_us
         if real > est + 1e-12:
@@ -140,6 +147,7 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None) 
         sent = data + t.beta_us
         start[i], finish[i] = real, sent + t.flight_us
         conn_free[t.conn] = sent
+        arrived.setdefault(t.conn, []).append(finish[i])
         held = [t.conn]
         for r in t.resources:
             fl = lane_free[r]
@@ -158,8 +166,8 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None) 
     return Schedule(start, finish, order, max(finish, default=0.0), variant, keys)
 
 
-def best_schedule(tasks, lanes: dict | None = None) -> Schedule:
+def best_schedule(tasks, lanes: dict | None = None, fifo_depth: int = 0) -> Schedule:
     """Both tie-breaking variants; the shorter schedule wins (deterministic)."""
-    a = list_schedule(tasks, "remaining", lanes)
-    b = list_schedule(tasks, "travelled", lanes)
+    a = list_schedule(tasks, "remaining", lanes, fifo_depth)
+    b = list_schedule(tasks, "travelled", lanes, fifo_depth)
     return a if a.makespan_us <= b.makespan_us + 1e-9 else b

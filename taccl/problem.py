@@ -281,7 +281,9 @@ def _check_generator(prob: Problem, perm, where):
             raise UserError(f"rotation maps link {l.src}->{l.dst} to {perm[l.src]}->{perm[l.dst]}, which the sketch does not allow",
                             path=sk.path, where=where)
         img = prob.links[j]
-        if abs(img.cost_us - l.cost_us) > 1e-9 * max(1.0, l.cost_us) or img.switch != l.switch:
+        lanes = sorted(prob.lanes.get(r, 1) for r in l.resources)
+        if (abs(img.cost_us - l.cost_us) > 1e-9 * max(1.0, l.cost_us) or img.switch != l.switch
+                or lanes != sorted(prob.lanes.get(r, 1) for r in img.resources)):
             raise UserError(f"rotation maps link {l.src}->{l.dst} ({l.type}, {l.cost_us:.3f} us) to {img.src}->{img.dst} "
                             f"({img.type}, {img.cost_us:.3f} us): not a symmetry of this topology", path=sk.path, where=where)
     for c in range(coll.num_chunks):

@@ -28,6 +28,7 @@ from .errors import UserError
 from .ordering import Task, best_schedule
 from .phases import plan_phases, relocate
 from .problem import Problem, build_problem
+from .program import Proto
 from .progress import SILENT
 from .routing import route
 from .sketch import DEFAULT_INPUT_SIZE, Sketch, load_sketch
@@ -193,14 +194,16 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
     prob = stages[0][0] if len(stages) == 1 else _merged([p for p, _, _ in stages])
     _set_sync(tasks, topo.spec.sync_us)
     t0 = time.monotonic()
-    sched = best_schedule(tasks, prob.lanes)
+    depth = Proto(prob.proto).fifo_depth
+    sched = best_schedule(tasks, prob.lanes, depth)
     run.stages.append({"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
                        "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us})
     report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")
     merge = options.merge_links or sketch.merge_links
-    cont = contiguity(tasks, sched, _adjacency(coll, merge), solver=run.solver, options=run.milp_opts, report=report)
+    cont = contiguity(tasks, sched, _adjacency(coll, merge), solver=run.solver, options=run.milp_opts, report=report,
+                      fifo_depth=depth)
     run.stages.append(cont.stats)
-    algo = _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name)
+    algo = _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched)
     algo.stages = run.routing_stages() + run.stages
     algo.notes += run.notes
     _finish(algo, topo, coll, size, prob)
@@ -327,22 +330,44 @@ def _finish(algo: Algorithm, topo, coll, size, prob: Problem) -> None:
     algo.lower_bound_us = lower_bound(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
 
 
-def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name) -> Algorithm:
+def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched) -> Algorithm:
     gid = {}
     for g_index, g in enumerate(cont.groups):
         for i in g.tasks:
             gid[i] = g_index
+    after = _resource_order(prob, tasks, sched, gid, cont.groups)
     transfers = []
     for g_index, g in enumerate(cont.groups):
         first = tasks[g.tasks[0]]
         deps = sorted({gid[p] for i in g.tasks for p in tasks[i].preds} - {g_index})
         transfers.append(Transfer(id=g_index, chunks=tuple(tasks[i].chunk for i in g.tasks), src=first.src, dst=first.dst,
                                   op=first.op, send_us=g.start_us, arrive_us=g.finish_us, deps=tuple(deps),
-                                  link=first.link_type))
+                                  link=first.link_type, after=tuple(sorted(after.get(g_index, ())))))
     return Algorithm(name=name or sketch.name, collective=collective_to_json(coll),
                      topology={"name": topo.name, "nodes": topo.nodes, "path": topo.spec.path},
                      input_size_bytes=size, chunk_bytes=prob.chunk_bytes, transfers=transfers,
                      time_us=cont.makespan_us, sketch=sketch.path)
+
+
+def _resource_order(prob: Problem, tasks, sched, gid: dict, groups: list) -> dict:
+    """group -> the groups of the same source just before it on a shared resource of one lane (a NIC): the
+    runtime would share such a resource among thread blocks however it likes, so the lowering sequences them
+    as scheduled (`Transfer.after`)."""
+    out = {}
+    for key, ids in sched.order.items():
+        if key[0] == "conn" or prob.lanes.get(key[0], 1) > 1:
+            continue
+        seq = []
+        for i in ids:
+            if not seq or seq[-1] != gid[i]:
+                seq.append(gid[i])
+        for a, b in zip(seq, seq[1:]):
+            ta, tb = tasks[groups[a].tasks[0]], tasks[groups[b].tasks[0]]
+            # only where the sender has no share of the latency (a network send): waiting for the previous
+            # send to finish then costs nothing the schedule did not already wait for
+            if ta.src == tb.src and ta.dst != tb.dst and tb.overhead_us == 0:
+                out.setdefault(b, set()).add(a)
+    return out
 
 
 def synthesize_file(path, **kw) -> Algorithm:

@@ -175,7 +175,7 @@ def _split_ops(ops):
         for k in range(op.cnt):
             opnd = None if op.operand is None else (op.operand[0], op.operand[1] + k)
             out.append(ChunkOp(op.kind, op.src_rank, op.src_buf, op.src_off + k, op.dst_rank, op.dst_buf,
-                               op.dst_off + k, 1, opnd, op.ch, op.key + (k,), op.origin, op.span))
+                               op.dst_off + k, 1, opnd, op.ch, op.key + (k,), op.origin, op.span, op.after))
     return out
 
 
@@ -193,7 +193,7 @@ def _cap_cnt(ops):
             n = min(MAX_CNT, op.cnt - start)
             opnd = None if op.operand is None else (op.operand[0], op.operand[1] + start)
             out.append(ChunkOp(op.kind, op.src_rank, op.src_buf, op.src_off + start, op.dst_rank, op.dst_buf,
-                               op.dst_off + start, n, opnd, op.ch, op.key + (k,), op.origin, op.span))
+                               op.dst_off + start, n, opnd, op.ch, op.key + (k,), op.origin, op.span, op.after))
     return out
 
 

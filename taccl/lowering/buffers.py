@@ -17,7 +17,8 @@ slots, the destination slots and (for a reduce) the operand slots; otherwise sev
 `MAX_CNT` chunks, and at 1 chunk when ``single=True`` (instances > 1 split every chunk, which breaks
 contiguity; see `taccl.lowering.emit`).
 
-Keys: the transfers in a topological order of their dependencies, ties by send time then id.
+Keys: the transfers in a topological order of their dependencies (and `Transfer.after` orders), ties by send
+time then id. A transfer's sends wait for the sends of its `after` transfers (``ChunkOp.after``).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def transfer_order(transfers: list) -> list:
     indeg = {t.id: 0 for t in transfers}
     succ = {t.id: [] for t in transfers}
     for t in transfers:
-        for d in set(t.deps):
+        for d in set(t.deps) | set(t.after):
             if d not in by_id:
                 raise UserError(f"transfer {t.id} depends on transfer {d}, which does not exist")
             if d == t.id:
@@ -94,6 +95,7 @@ def algorithm_ops(algo, coll, *, single: bool = False) -> list:
 
     ops = []
     order = transfer_order(algo.transfers)
+    pos_of = {t.id: pos for pos, t in enumerate(order)}
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
         if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:
@@ -123,7 +125,8 @@ def algorithm_ops(algo, coll, *, single: bool = False) -> list:
         for k, run in enumerate(runs):
             (sb, so), (db, do), opnd = run[0]
             ops.append(ChunkOp(t.op, t.src, sb, so, t.dst, db, do, cnt=len(run), operand=opnd,
-                               key=(pos, k), origin=where, span=(t.send_us, t.arrive_us)))
+                               key=(pos, k), origin=where, span=(t.send_us, t.arrive_us),
+                               after=tuple(pos_of[a] for a in t.after)))
         for it in items:
             loc[(it[0], t.dst)] = it[2]
     # final local copies to the postcondition slots

@@ -123,6 +123,18 @@ def generate(ops: list, num_ranks: int) -> list:
                 dstoff=op.dst_off, cnt=op.cnt, key=op_key, origin=op.origin)
         rk.read(e, src + dst)
         rk.write(e, dst)
+    # scheduled orders on one-at-a-time resources: a send waits for the sends its op comes after
+    sends = {}
+    for ins in instrs:
+        if ins.type is StepType.SEND:
+            sends.setdefault((ins.rank, ins.key[0]), []).append(ins)
+    for op in ops:
+        if op.after and op.remote:
+            mine = [s for s in sends.get((op.src_rank, op.key[0]), ()) if s.key == op.key]
+            for a in op.after:
+                for prev in sends.get((op.src_rank, a), ()):
+                    for s in mine:
+                        s.deps.add(prev)
     for ins in instrs:
         for d in ins.deps:
             d.dependents.append(ins)

@@ -49,6 +49,7 @@ class ChunkOp:
     key: tuple = ()
     origin: str = ""
     span: tuple | None = None  # (send, arrival) in the algorithm's schedule, us; None from the DSL
+    after: tuple = ()  # first key elements of ops whose sends this op's send waits for (same source rank)
 
     @property
     def remote(self) -> bool:
