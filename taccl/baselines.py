@@ -163,8 +163,11 @@ def ring(topology, coll: str, chunkup: int = 1) -> DSLProgram:
     R, w = len(orders[0]), chunkup
     K = w * len(orders)
     prog = DSLProgram(coll, R, K, name=f"ring-{coll}")
+    # ring j runs on channels j, j + rings, j + 2 rings, ...: its own connections, and room to spill over
+    # when one thread block's steps are full (a ring of R ranks needs R - 1 steps per block)
+    chans = [tuple(range(j, 32, len(orders))) if len(orders) > 1 else None for j in range(len(orders))]
     for j, order in enumerate(orders):
-        ch = j if len(orders) > 1 else None
+        ch = chans[j]
         if coll == "allgather":
             _ring_allgather(prog, order, K, j * w, w, ch)
         elif coll == "reducescatter":
@@ -173,7 +176,7 @@ def ring(topology, coll: str, chunkup: int = 1) -> DSLProgram:
             _ring_reduce_scatter(prog, order, K, j * w, w, ch, into_output_all=True)
     if coll == "allreduce":
         for j, order in enumerate(orders):
-            _ring_allgather(prog, order, K, j * w, w, j if len(orders) > 1 else None, buf_src="output")
+            _ring_allgather(prog, order, K, j * w, w, chans[j], buf_src="output")
     return prog
 
 
@@ -371,11 +374,20 @@ def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) ->
     return prog
 
 
+# NCCL's own rings and trees loop over their steps: no per-block step limit. A baseline that stands for
+# NCCL's algorithm (a reference to beat, `build(..., reference=True)`) is lowered without the executor's
+# MSCCL_MAX_NUM_STEPS of 64, so that, say, a 128-rank ring keeps NCCL's 32 channels; such a program runs on
+# a runtime built with that many steps, or stands for NCCL itself.
+REFERENCE_MAX_STEPS = 1024
+
+
 def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instances: int = 1,
-          proto: str = "Simple", max_tbs: int = 108) -> Program:
-    """A baseline as a proven Program (see the module docstring)."""
+          proto: str = "Simple", max_tbs: int = 108, reference: bool = False) -> Program:
+    """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limit
+    of 64 steps per thread block (see `REFERENCE_MAX_STEPS`)."""
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup)
-    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
+    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs,
+                      max_steps=REFERENCE_MAX_STEPS if reference else 64)
 
 
 def applicable(name: str, topology, collective_name: str) -> bool:

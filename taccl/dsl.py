@@ -22,7 +22,7 @@ out after the plain scratch slots, in order of first use). Operations, recorded 
 ``ref.split(n) -> [Ref]``, ``Ref.group(refs) -> Ref``
     pieces of a reference, and consecutive references joined into one (one send, one alpha).
 
-``ch`` pins a transfer to a channel. Everything else (instruction fusion, thread blocks, channels,
+``ch`` pins a transfer to a channel, or to any of several (a collection). Everything else (instruction fusion, thread blocks, channels,
 dependencies, instances) is done by the same passes that lower synthesized algorithms
 (`taccl.lowering`), and `DSLProgram.lower` returns only programs that `taccl.checker` has proven. The
 program order is the trace order: a later operation sees what earlier ones wrote, and reuse of a slot
@@ -129,8 +129,11 @@ class DSLProgram:
         return Ref(self, rank, b, idx, size)
 
     def _record(self, kind, src: Ref, dst: Ref, operand, ch) -> None:
-        if ch is not None and (not isinstance(ch, int) or ch < 0):
-            raise UserError(f"channel {ch!r} must be a non-negative integer")
+        if ch is not None:
+            chans = (ch,) if isinstance(ch, int) else tuple(ch) if isinstance(ch, (tuple, list, set, frozenset)) else None
+            if not chans or any(not isinstance(c, int) or c < 0 for c in chans):
+                raise UserError(f"channel {ch!r} must be a non-negative integer or a collection of them")
+            ch = frozenset(chans)
         self._ops.append((kind, src, dst, operand, ch))
 
     @property
@@ -169,10 +172,11 @@ class DSLProgram:
         return out
 
     def lower(self, *, instances: int = 1, proto: str = "Simple", min_bytes: int = 0, max_bytes: int = 0,
-              max_tbs: int = 108, fuse: bool = True, check: bool = True) -> Program:
-        """Lower through `taccl.lowering` and prove with the checker."""
+              max_tbs: int = 108, fuse: bool = True, check: bool = True, max_steps: int = 64) -> Program:
+        """Lower through `taccl.lowering` and prove with the checker (steps per thread block up to
+        `max_steps`: the executor's default build allows 64)."""
         if not self._ops:
             raise UserError(f"DSL program {self.name!r} has no operations")
         opts = LoweringOptions(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
-                               max_tbs=max_tbs, fuse=fuse, check=check)
+                               max_tbs=max_tbs, fuse=fuse, check=check, max_steps=max_steps)
         return lower_ops(self.chunk_ops(), self.coll, name=self.name, options=opts)

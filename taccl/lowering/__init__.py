@@ -131,7 +131,7 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                 continue  # nops pushed a block over the limit: retry with a lower cap per block
             break
         if opts.check:
-            report = verify_program(program)
+            report = verify_program(program, max_steps=opts.max_steps if opts.max_steps != DEFAULT_MAX_STEPS else None)
             if not report.ok:
                 if mode is not None:
                     continue
@@ -209,12 +209,13 @@ def _fingerprint(program: Program) -> str:
     return hashlib.sha256(program_to_xml(program, dialect="executor").encode()).hexdigest()
 
 
-def verify_program(program: Program, *, dialect: str = "executor"):
-    """Run the checker; remember the program's content when it is proven."""
+def verify_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None):
+    """Run the checker; remember the program's content when it is proven (with the dialect's own limits)."""
     from ..checker import check_program
 
-    report = check_program(program, dialect=dialect, sm_count=max(DEFAULT_MAX_TBS, program.max_threadblocks))
-    if report.ok and dialect == "executor":
+    report = check_program(program, dialect=dialect, sm_count=max(DEFAULT_MAX_TBS, program.max_threadblocks),
+                           max_steps=max_steps)
+    if report.ok and dialect == "executor" and max_steps is None:
         _PROVEN[_fingerprint(program)] = True
         if len(_PROVEN) > 4096:
             _PROVEN.clear()

@@ -136,8 +136,8 @@ def _absorb(x, y, allow_rrs):
         x.type = _FUSED[x.type]
     x.send_peer = y.send_peer
     x.to, z.frm = z, x
-    if y.want_ch is not None and x.want_ch is None:
-        x.want_ch = y.want_ch
+    if y.want_ch is not None:
+        x.want_ch = y.want_ch if x.want_ch is None else x.want_ch & y.want_ch
     y.dead = True
     x.readers.discard(y)
     for dep in y.dependents:

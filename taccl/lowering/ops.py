@@ -33,7 +33,8 @@ class ChunkOp:
 
     For a reduce, ``operand`` is the local operand slot on ``dst_rank`` (default: the destination itself);
     an out-of-place first accumulation reads the input buffer and writes the output.
-    ``ch`` pins the transfer to a channel (a DSL scheduling directive); None lets the scheduler choose.
+    ``ch`` pins the transfer to a set of allowed channels (a DSL scheduling directive); None lets the
+    scheduler choose.
     """
 
     kind: str

@@ -119,11 +119,9 @@ class _State:
                 return tb
         return None
 
-    def _pair_hint(self, tb, r, ch, direction, peer):
+    def _pair_hint(self, tb, r, ch, direction, peer, want):
         """A new one-connection tb takes the partner connection that a fused instruction will need."""
-        other = self.hints.get((r, direction, peer, ch))
-        if other is None:
-            other = self.hints.get((r, direction, peer, None))
+        other = self.hints.get((r, direction, peer, want))
         if other is None:
             return
         if direction == "S":
@@ -182,7 +180,7 @@ class _State:
                 self._set_peer(tb, "send", sp)
                 self._set_owner((r, ch, "S", sp), tb)
                 self._inc(self.nsend, (r, ch))
-                self._pair_hint(tb, r, ch, "S", sp)
+                self._pair_hint(tb, r, ch, "S", sp, ins.want_ch)
         else:
             tb = ro
             if tb is None:
@@ -192,7 +190,7 @@ class _State:
                 self._set_peer(tb, "recv", rp)
                 self._set_owner((r, ch, "R", rp), tb)
                 self._inc(self.nrecv, (r, ch))
-                self._pair_hint(tb, r, ch, "R", rp)
+                self._pair_hint(tb, r, ch, "R", rp, ins.want_ch)
         if tb.nsteps + 1 > self.step_cap:
             return False
         self._step(tb, ins)
@@ -261,14 +259,17 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     pending.reverse()  # a stack: pop the smallest key first
     while pending:
         flow = pending.pop()
-        wanted = {i.want_ch for i in flow if i.want_ch is not None}
-        if len(wanted) > 1 or any(c >= max_channels for c in wanted):
-            if len(flow) > 2:
+        wants = [i.want_ch for i in flow if i.want_ch is not None]  # each a set of allowed channels
+        allowed = set(range(max_channels))
+        for w in wants:
+            allowed &= w
+        if not allowed:
+            if len(flow) > 2 and len(set(wants)) > 1:
                 pending.extend(reversed(_split(flow, instrs)))
                 continue
-            raise UserError(f"{flow[0].origin or 'a transfer'}: channel {sorted(wanted)} requested, but channels "
-                            f"0..{max_channels - 1} are available")
-        chans = sorted(wanted) if wanted else range(max_channels)
+            raise UserError(f"{flow[0].origin or 'a transfer'}: channel(s) {sorted(set().union(*wants))} requested, "
+                            f"but channels 0..{max_channels - 1} are available")
+        chans = sorted(allowed)
         placed = False
         for ch in chans:
             st.log = []
