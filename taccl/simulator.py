@@ -20,8 +20,11 @@ Model (alpha-beta with contention, the runtime's execution rules, calibrated cos
 - Fused steps (rcs, rrs, rrcs) forward slice by slice, as the runtimes' primitives do: the outgoing send can
   start once the first slice has arrived (Simple: a call is two slices; LL / LL128: a few KiB per block
   iteration) and ends no earlier than the last slice's arrival plus its own forwarding.
-- Local ``cpy``/``re`` take ``bytes / local_bw`` (the topology's ``runtime.local_bw_GBps``, else 400 GB/s);
-  reductions folded into receives are free.
+- Local work goes at one thread block's ``local_bw`` (the topology's ``runtime.local_bw_GBps``, else
+  400 GB/s): a ``cpy`` moves its data once, a ``re`` 1.5 times (two reads, one write), a ``re`` the
+  runtime fuses into the run before it 0.5 times (one more read). A receive (``r`` 1, ``rrc`` 1.5) takes
+  its data out of the FIFO: while it streams in when the block was already waiting, else after the
+  block's own pace (a receive that waited on a dependency while the data sat in the FIFO).
 - A dependency on another thread block is seen ``runtime.sync_us`` after that block's step finished (the
   flag is published after a fence, then polled).
 - Every call pays the topology's fixed ``runtime.call_us`` for its protocol (launch and set-up) once.
@@ -144,6 +147,7 @@ class Simulator:
                 conns[conn_of[key]][1] = G
                 self.in_conn[G] = conn_of[key]
         self.kind, self.cnt, self.dep, self.hasdep, self.sidx, self.ridx = [], [], [], [], [], []
+        self.local_cost = []  # per step: copies of the data a local step costs (see _local_costs)
         self.nsend, self.nrecv = [], []
         self.where = []
         for G, (r, tb) in enumerate(tbs):
@@ -180,6 +184,7 @@ class Simulator:
                         raise UserError(f"rank {r} tb {tb.id} step {i}: {t} receives but the tb has no recv peer")
                     nr += 1
             self.kind.append(kinds)
+            self.local_cost.append(_local_costs(tb.steps))
             self.cnt.append(cnts)
             self.dep.append(deps)
             self.hasdep.append(hd)
@@ -309,14 +314,14 @@ class Simulator:
         for G in range(self.ntb):
             c = self.out_conn[G]
             t = 0.0
-            for k, n in zip(self.kind[G], self.cnt[G]):
+            for i, (k, n) in enumerate(zip(self.kind[G], self.cnt[G])):
                 if k & _SEND:
                     d = n * tile_bytes / self.conn_bpus[c]
                     t += self.conn_busy[c] + d
                     for r in self.conn_res[c]:
                         busy[r] += d / self.res_lanes[r]
                 elif k & _LOCAL:
-                    t += n * tile_bytes / self.local_bpus
+                    t += n * tile_bytes / self.local_bpus * self.local_cost[G][i]
             tb_busy = max(tb_busy, t)
         return max(busy + [tb_busy])
 
@@ -331,6 +336,7 @@ class Simulator:
         conn_alpha, conn_bpus, conn_res, conn_busy = self.conn_alpha, self.conn_bpus, self.conn_res, self.conn_busy
         depth = self.proto.fifo_depth
         local_bpus = self.local_bpus
+        local_cost = self.local_cost
         sync = self.sync_us
         cut = self.opts.cut_through
         per_call = SLICES_PER_CALL[self.proto]
@@ -414,8 +420,12 @@ class Simulator:
                             fwd_after[G] = arr[q]
                             if first_slice[c][q] > ready:
                                 ready = first_slice[c][q]
-                        elif arr[q] > ready:
-                            ready = arr[q]
+                        else:
+                            # the block takes the data out of the FIFO (and reduces it): as it streams in
+                            # when the block was waiting, at the block's own pace when it comes later
+                            ready += cnt[G][i] * tile_bytes[itx] / local_bpus * local_cost[G][i]
+                            if arr[q] > ready:
+                                ready = arr[q]
                     if k & _SEND:
                         c = out_conn[G]
                         q = itx * nsend[G] + sidx[G][i]
@@ -437,7 +447,7 @@ class Simulator:
                         complete(G, ready)
                         continue
                     if k & _LOCAL:
-                        ready += cnt[G][i] * tile_bytes[itx] / local_bpus
+                        ready += cnt[G][i] * tile_bytes[itx] / local_bpus * local_cost[G][i]
                     complete(G, ready)
             if not heap:
                 break
@@ -493,6 +503,28 @@ class Simulator:
             if iter_finish[x] < iter_finish[x - 1]:
                 iter_finish[x] = iter_finish[x - 1]
         return iter_finish, transfers
+
+
+def _local_costs(steps) -> list:
+    """Per step, its local work in units of one copy (read and write the data once): a copy or a receive
+    (out of the FIFO) 1, a reduction or receive-reduce 1.5 (two reads, one write); a reduction the runtime
+    fuses into the one before it (same destination and source buffer, no wait of its own, the previous
+    publishes nothing) adds one read, 0.5."""
+    out = []
+    for i, st in enumerate(steps):
+        t = StepType(st.type)
+        if t in (StepType.COPY, StepType.RECV):
+            out.append(1.0)
+        elif t is StepType.RECV_REDUCE_COPY:
+            out.append(1.5)
+        elif t is StepType.REDUCE:
+            prev = steps[i - 1] if i else None
+            fused = (prev is not None and StepType(prev.type) is StepType.REDUCE and prev.dstbuf == st.dstbuf
+                     and prev.dstoff == st.dstoff and prev.srcbuf == st.srcbuf and st.depid < 0 and not prev.hasdep)
+            out.append(0.5 if fused else 1.5)
+        else:
+            out.append(0.0)
+    return out
 
 
 def simulate(program: Program, topology, size_bytes: float, *, options: SimOptions | None = None) -> SimResult:

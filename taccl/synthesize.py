@@ -192,7 +192,7 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
             raise relocate(exc, plan.doc, plan.where) from None
         tasks += _chain(phase_tasks, len(tasks), writers)
     prob = stages[0][0] if len(stages) == 1 else _merged([p for p, _, _ in stages])
-    _set_sync(tasks, topo.spec.sync_us)
+    folds = _set_sync(tasks, topo.spec, prob.chunk_bytes / prob.instances)
     t0 = time.monotonic()
     depth = Proto(prob.proto).fifo_depth
     sched = best_schedule(tasks, prob.lanes, depth)
@@ -204,6 +204,7 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
                       fifo_depth=depth)
     run.stages.append(cont.stats)
     algo = _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched)
+    _fold_tails(algo, folds)
     algo.stages = run.routing_stages() + run.stages
     algo.notes += run.notes
     _finish(algo, topo, coll, size, prob)
@@ -272,18 +273,40 @@ class _Run:
         return [out]
 
 
-def _set_sync(tasks: list, sync_us: float) -> None:
-    """A task that forwards what one transfer brought, and is that transfer's only reader, becomes one fused
-    step with it (`taccl.lowering.fusion`); any other task waits on another thread block's flag."""
-    if not sync_us:
-        return
+def _set_sync(tasks: list, spec, chunk_bytes: float) -> dict:
+    """What a task waits for after its predecessors arrived, in the lowered program: nothing when it
+    forwards what one transfer brought and is that transfer's only reader (one fused step,
+    `taccl.lowering.fusion`), else another thread block's flag (``sync_us``); after several reductions into
+    its chunk, also the local pass that folds them in (`taccl.lowering.buffers` receives them aside: one
+    run of reductions over k partials moves the chunk, `chunk_bytes` per instance, (k + 2) / 2 times at
+    one block's local bandwidth).
+    Returns {(chunk, rank): delay} for such folds that no task reads (a reduction's last stop): they end
+    the collective."""
     readers = {}
     for t in tasks:
         for p in t.preds:
             readers[p] = readers.get(p, 0) + 1
+    local_bw = spec.local_bw_GBps or 400.0
+
+    def fold_us(k):
+        return (k + 2) / 2 * chunk_bytes / (local_bw * 1000.0)
+
+    converging = {}  # (chunk, rank) -> reductions into it
     for t in tasks:
-        if t.preds and not (len(t.preds) == 1 and readers[t.preds[0]] == 1):
-            t.sync_us = sync_us
+        if t.op == "reduce":
+            converging.setdefault((t.chunk, t.dst), []).append(t.id)
+    for t in tasks:
+        if not t.preds:
+            continue
+        if not (len(t.preds) == 1 and readers[t.preds[0]] == 1):
+            t.sync_us = spec.sync_us
+        into = converging.get((t.chunk, t.src), ())
+        k = sum(1 for p in t.preds if p in into)
+        if k >= 2:
+            t.sync_us = spec.sync_us + fold_us(k)
+    read = {(t.chunk, t.src) for t in tasks}
+    return {key: spec.sync_us + fold_us(len(ids)) for key, ids in converging.items()
+            if len(ids) >= 2 and key not in read}
 
 
 def _chain(tasks: list, offset: int, writers: dict) -> list:
@@ -320,6 +343,18 @@ def _merged(problems: list) -> Problem:
     return merged
 
 
+def _fold_tails(algo: Algorithm, folds: dict) -> None:
+    """The collective ends no earlier than the local folds of its last reductions (see `_set_sync`)."""
+    last = {}
+    for t in algo.transfers:
+        if t.op == "reduce":
+            for c in t.chunks:
+                last[(c, t.dst)] = max(last.get((c, t.dst), 0.0), t.arrive_us)
+    for key, delay in folds.items():
+        if key in last:
+            algo.time_us = max(algo.time_us, last[key] + delay)
+
+
 def _finish(algo: Algorithm, topo, coll, size, prob: Problem) -> None:
     """Protocol, instances, the runtime's call cost (every call pays it: part of the predicted time) and the
     lower bound of programs in that protocol."""
@@ -349,11 +384,17 @@ def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched) -> A
                      time_us=cont.makespan_us, sketch=sketch.path)
 
 
+# a resource-order dependency costs the runtime's flag latency: worth it after transfers this many times longer
+ORDER_MIN_RATIO = 8
+
+
 def _resource_order(prob: Problem, tasks, sched, gid: dict, groups: list) -> dict:
     """group -> the groups of the same source just before it on a shared resource of one lane (a NIC): the
     runtime would share such a resource among thread blocks however it likes, so the lowering sequences them
-    as scheduled (`Transfer.after`)."""
+    as scheduled (`Transfer.after`), where the earlier transfer is long enough that the dependency's flag
+    latency does not matter."""
     out = {}
+    sync = prob.topology.spec.sync_us
     for key, ids in sched.order.items():
         if key[0] == "conn" or prob.lanes.get(key[0], 1) > 1:
             continue
@@ -365,7 +406,8 @@ def _resource_order(prob: Problem, tasks, sched, gid: dict, groups: list) -> dic
             ta, tb = tasks[groups[a].tasks[0]], tasks[groups[b].tasks[0]]
             # only where the sender has no share of the latency (a network send): waiting for the previous
             # send to finish then costs nothing the schedule did not already wait for
-            if ta.src == tb.src and ta.dst != tb.dst and tb.overhead_us == 0:
+            long_enough = sum(tasks[i].beta_us for i in groups[a].tasks) >= ORDER_MIN_RATIO * sync
+            if ta.src == tb.src and ta.dst != tb.dst and tb.overhead_us == 0 and long_enough:
                 out.setdefault(b, set()).add(a)
     return out
 

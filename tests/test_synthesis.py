@@ -87,8 +87,9 @@ def test_allreduce_is_reduce_then_copy(tmp_path):
     algo = solve(ring4(tmp_path), "allreduce", 4000)
     ops = [t.op for t in algo.transfers]
     assert "reduce" in ops and "copy" in ops
-    # A ring ReduceScatter needs 2 us by the same argument as AllGather; AllReduce at most twice that.
-    assert algo.time_us <= 4.0 + 1e-9
+    # A ring ReduceScatter needs 2 us by the same argument as AllGather; AllReduce at most twice that, plus
+    # the local pass that folds a rank's two converging partial sums (4 ns at the default 400 GB/s).
+    assert algo.time_us <= 4.0 + 0.01
 
 
 def test_verify_rejects_a_broken_schedule(tmp_path):

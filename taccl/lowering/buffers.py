@@ -8,7 +8,8 @@ Where chunk c lives on rank r:
   consecutively, in the transfer's order, so they can travel on together;
 - a copy transfer writes the home; a reduce transfer writes the home with the current value as the local
   operand (an out-of-place first accumulation reads the input and writes the output, later ones add in
-  place);
+  place); reductions that several ranks send into one copy back to back are received into scratch instead
+  and folded into the home by one run of local reductions once all have arrived;
 - at the end, every postcondition chunk not yet at its home is copied there locally (AllGather's own chunk
   from input to output, say).
 
@@ -73,6 +74,32 @@ def _runs(items, single):
     return runs
 
 
+def _converging_reductions(order: list) -> dict:
+    """Reductions that several ranks send into one rank's copy of a chunk back to back (nothing reads or
+    writes that copy in between): (transfer id, chunk) -> a shared record {"last": id of the last one,
+    "slots": []}. Reduced one after another in place, each would wait for the previous; received aside
+    into scratch, they land in parallel and one run of local reductions (which the runtime fuses) folds
+    them in."""
+    events = {}  # (chunk, rank) -> [(kind, transfer id)] in transfer order
+    for t in order:
+        for c in t.chunks:
+            events.setdefault((c, t.src), []).append(("read", t.id))
+            events.setdefault((c, t.dst), []).append(("reduce" if t.op == REDUCE else "write", t.id))
+    out = {}
+    for (c, _), evs in events.items():
+        run = []
+        for kind, tid in evs + [("end", None)]:
+            if kind == "reduce":
+                run.append(tid)
+                continue
+            if len(run) >= 2:
+                record = {"last": run[-1], "slots": []}
+                for r in run:
+                    out[(r, c)] = record
+            run = []
+    return out
+
+
 def algorithm_ops(algo, coll, *, single: bool = False) -> list:
     """The ChunkOps of an Algorithm (see the module docstring)."""
     R = coll.num_ranks
@@ -96,6 +123,7 @@ def algorithm_ops(algo, coll, *, single: bool = False) -> list:
     ops = []
     order = transfer_order(algo.transfers)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
+    staged = _converging_reductions(order)
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
         if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:
@@ -119,16 +147,37 @@ def algorithm_ops(algo, coll, *, single: bool = False) -> list:
                 operand = None
             items.append([c, src, None, operand])
         for it in items:  # allocate homes in the transfer's chunk order (consecutive scratch)
-            it[2] = home_of(it[0], t.dst)
-        items.sort(key=lambda it: (it[1][0].value, it[1][1]))
-        runs = _runs([(it[1], it[2], it[3]) for it in items], single)
-        for k, run in enumerate(runs):
-            (sb, so), (db, do), opnd = run[0]
-            ops.append(ChunkOp(t.op, t.src, sb, so, t.dst, db, do, cnt=len(run), operand=opnd,
-                               key=(pos, k), origin=where, span=(t.send_us, t.arrive_us),
-                               after=tuple(pos_of[a] for a in t.after)))
+            if (t.id, it[0]) in staged:  # a partial sum received aside, reduced locally with the others
+                it[2] = (Buf.SCRATCH, scratch_next[t.dst])
+                scratch_next[t.dst] += 1
+                it[3] = None
+            else:
+                it[2] = home_of(it[0], t.dst)
+        k = 0
+        for kind in (COPY, REDUCE):
+            part = [it for it in items if (it[3] is None if kind == COPY else it[3] is not None)]
+            part.sort(key=lambda it: (it[1][0].value, it[1][1]))
+            for run in _runs([(it[1], it[2], it[3]) for it in part], single):
+                (sb, so), (db, do), opnd = run[0]
+                ops.append(ChunkOp(kind if t.op == REDUCE else COPY, t.src, sb, so, t.dst, db, do, cnt=len(run),
+                                   operand=opnd, key=(pos, k), origin=where, span=(t.send_us, t.arrive_us),
+                                   after=tuple(pos_of[a] for a in t.after)))
+                k += 1
         for it in items:
-            loc[(it[0], t.dst)] = it[2]
+            c = it[0]
+            if (t.id, c) in staged:
+                aside = staged[(t.id, c)]
+                aside["slots"].append(it[2])
+                if aside["last"] == t.id:  # every partial is here: fold them into the home, in one pass
+                    into = home_of(c, t.dst)
+                    operand = loc[(c, t.dst)]
+                    for j, slot in enumerate(aside["slots"]):
+                        ops.append(ChunkOp(REDUCE, t.dst, slot[0], slot[1], t.dst, into[0], into[1],
+                                           operand=operand if j == 0 and operand != into else None,
+                                           key=(pos, 1000 + j), origin=f"local reduction on rank {t.dst}"))
+                    loc[(c, t.dst)] = into
+            else:
+                loc[(c, t.dst)] = it[2]
     # final local copies to the postcondition slots
     finals = []
     for c, r in sorted(coll.postcondition, key=lambda cr: (cr[1], cr[0])):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..program import Buf, Gpu, Program, Proto, Step, Threadblock, nop_step
+from ..program import Buf, Gpu, Program, Proto, Step, StepType, Threadblock, nop_step
 
 from .schedule import OrderFailed
 
@@ -112,6 +112,23 @@ def _plan_waits(rank_tbs):
     return waits
 
 
+def _hoist_reduction_waits(tb) -> None:
+    """A run of local reductions into one slot is fused by the runtime into one pass over all its sources,
+    but only when no reduction after the first waits on anything (msccl-xml.md 1.9): the whole run waits
+    before its first (nops, then the reductions)."""
+    run = []
+    for ins in tb.instrs + [None]:
+        same = (ins is not None and ins.type is StepType.REDUCE and run and ins.dstbuf is run[0].dstbuf
+                and ins.dstoff == run[0].dstoff and ins.cnt == run[0].cnt and ins.srcbuf is run[0].srcbuf)
+        if same:
+            run.append(ins)
+            continue
+        members = set(run)
+        for later in run[1:]:
+            run[0].deps |= later.deps - members
+        run = [ins] if ins is not None and ins.type is StepType.REDUCE else []
+
+
 def _step(s, ins, depid, deps) -> Step:
     t = ins.type
     srcbuf, srcoff = (ins.srcbuf, ins.srcoff) if t.uses_src else (Buf.INPUT, -1)
@@ -134,6 +151,7 @@ def emit(tbs, coll, *, name: str, instances: int, proto: str, min_bytes: int, ma
         rank_tbs = sorted(by_rank[r], key=lambda t: (t.ch, t.send, t.recv, t.instrs[0].pos if t.instrs else ()))
         for j, tb in enumerate(rank_tbs):
             tb.index = j
+            _hoist_reduction_waits(tb)
         waits = _plan_waits(rank_tbs)
         # final step index of every instruction (nops inserted before it)
         final = {}

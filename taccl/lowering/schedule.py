@@ -288,21 +288,32 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
                         f"0..{max_channels - 1} is full ({step_cap} steps per thread block, "
                         f"{MAX_TBS_PER_CHANNEL} sending/receiving thread blocks per channel); use fewer chunks "
                         f"or fewer instances")
-    # local instructions: the thread block of their rank with the fewest steps
+    # local instructions. A reduction (several steps: same rank and event) goes to a thread block of its
+    # own rank that does only local work, so it neither waits behind nor delays a connection's steps, and
+    # its steps stay together so the runtime can fuse them into one pass; other copies (AllGather's own
+    # chunk, at the end) go to the block with the fewest steps.
     by_rank = {}
     for tb in st.tbs:
         by_rank.setdefault(tb.rank, []).append(tb)
-    for ins in sorted((i for i in live if i.send_peer < 0 and i.recv_peer < 0), key=lambda i: i.pos):
-        cands = [tb for tb in by_rank.get(ins.rank, []) if tb.nsteps < step_cap]
+    local = sorted((i for i in live if i.send_peer < 0 and i.recv_peer < 0), key=lambda i: i.pos)
+    groups = {}
+    for ins in local:
+        groups.setdefault((ins.rank, ins.pos[0]), []).append(ins)
+    workers = {}  # rank -> its local-only thread blocks
+    for (rank, _), group in sorted(groups.items(), key=lambda kv: kv[1][0].pos):
+        reduction = any(i.type is StepType.REDUCE for i in group)
+        pool = workers.setdefault(rank, []) if reduction else by_rank.get(rank, [])
+        cands = [tb for tb in pool if tb.nsteps + len(group) <= step_cap]
         if cands:
             tb = min(cands, key=lambda t: t.nsteps)
         else:
-            tb = TB(ins.rank, 0)
+            tb = TB(rank, 0)
             st.tbs.append(tb)
-            by_rank.setdefault(ins.rank, []).append(tb)
-        tb.instrs.append(ins)
-        tb.nsteps += 1
-        ins.tb, ins.ch = tb, tb.ch
+            (pool if reduction else by_rank.setdefault(rank, [])).append(tb)
+        for ins in group:
+            tb.instrs.append(ins)
+            tb.nsteps += 1
+            ins.tb, ins.ch = tb, tb.ch
     tbs = _merge(st.tbs, max_tbs, step_cap)
     for tb in tbs:
         tb.instrs = order_tb(tb.instrs)
