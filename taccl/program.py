@@ -302,3 +302,8 @@ class Program:
     @property
     def max_threadblocks(self) -> int:
         return max((len(g.threadblocks) for g in self.gpus), default=0)
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps (nops included) any thread block has: MSCCL_MAX_NUM_STEPS must allow it."""
+        return max((len(tb.steps) for g in self.gpus for tb in g.threadblocks), default=0)

@@ -255,8 +255,9 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
         else:
             from ..baselines import build
 
+            # a baseline stands for NCCL's own algorithm: no executor step limit (see baselines.build)
             program = build(task.baseline, topo, task.collective, instances=prog.instances, proto=prog.proto,
-                            max_tbs=task.max_tbs)
+                            max_tbs=task.max_tbs, reference=True)
             program.name = prog.label
     except Exception as exc:
         reason, tb = _reason(exc)

@@ -253,6 +253,9 @@ def _file_name(w: Window) -> str:
     return f"{w.collective}-{w.ranks}r-{w.index:02d}-{format_size(w.min_bytes)}-{hi}-{safe}.xml"
 
 
+EXECUTOR_MAX_STEPS = 64  # MSCCL_MAX_NUM_STEPS of a default executor build
+
+
 def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
     from ..lowering import serve_inplace, write_program
     from ..xmlio import parse_xml
@@ -270,6 +273,12 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
                 continue
             record = store.get(by_label[w.winner].key)
             program = parse_xml(record["xml"]).program
+            if w.kind == "baseline" and program.max_steps > EXECUTOR_MAX_STEPS:
+                # NCCL's own ring: as a program it needs more steps per thread block than the executor runs
+                w.note = (w.note + "; " if w.note else "") + (
+                    f"left to NCCL: as a program it needs {program.max_steps} steps per thread block, more than "
+                    f"the executor's {EXECUTOR_MAX_STEPS}")
+                continue
             program.min_bytes, program.max_bytes = w.min_bytes, w.max_bytes
             program.name = f"{selection.sku} {w.winner}"[:255]
             # serve in-place calls too (DDP's AllReduce, FSDP's AllGather) where the program stays correct
