@@ -248,6 +248,7 @@ def _apply(doc, names, vals):
 
 
 def fit(rows, predictor, base_docs, max_evals: int = 600) -> dict:
+    import numpy as np
     from scipy.optimize import minimize
 
     (tname, doc), = base_docs.items()
@@ -266,8 +267,9 @@ def fit(rows, predictor, base_docs, max_evals: int = 600) -> dict:
     bounds = [(math.log(a), math.log(b)) for a, b in zip(lo, hi)]
     x = [min(max(v, a), b) for v, (a, b) in zip(start, bounds)]
     # derivative-free: lane counts (round(B / c)) and the fastest-protocol choice make the error stepwise
+    # small first steps (10% in each parameter): a refinement of the file's values, not a global search
     res = minimize(lambda v: sum(r * r for r in residuals(v)), x, method="Powell", bounds=bounds,
-                   options={"maxfev": max_evals, "xtol": 0.01, "ftol": 1e-4})
+                   options={"maxfev": max_evals, "xtol": 0.01, "ftol": 1e-4, "direc": 0.1 * np.eye(len(x))})
     fitted = _apply(doc, names, [round(math.exp(v), 3) for v in res.x])
     errs = residuals(res.x)[:len(used)]
     print(f"# fit: {len(used)} points, {len(names)} parameters, {res.nfev} evaluations, "

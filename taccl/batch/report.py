@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..fileio import atomic_write
 from ..units import format_size
-from .selection import Group, Selection
+from .selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, Group, Selection
 
 PLOT_DIR = "plots"
 
@@ -110,27 +110,39 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
                f"taccl {selection.tool}." + (f" Batch wall time {wall_s:.0f} s." if wall_s is not None else ""))
     out += ["", f"Made by `taccl batch {sku.path}`; a rerun reuses every cached result and recomputes only what "
             f"changed.", ""]
-    out += ["Times are the simulator's (alpha-beta with link, switch-port and NIC contention, runtime tiling). "
+    out += ["Times are the calibrated simulator's (docs/calibration.md). "
             "Speedup is the best baseline's time divided by the selected program's, per grid size in the window.", ""]
     out += ["## At a glance", "", "| collective | nodes | GPUs | synthesized wins | speedup over best baseline | "
-            "baseline wins | failed jobs |", "|---|---|---|---|---|---|---|"]
+            "x optimum | baseline wins | failed jobs | sizes missing the target |", "|---|---|---|---|---|---|---|---|---|"]
     for g in selection.groups:
         syn = [w for w in g.windows if w.kind == "synthesized"]
         base = [w for w in g.windows if w.kind == "baseline"]
         sp = [s for w in syn for s in w.speedup if s is not None]
+        vb = [v for w in g.windows for v in w.vs_bound if v is not None]
+        miss = ", ".join(format_size(size) for size, _ in g.shortfalls) or "none"
         out.append(f"| {g.collective} | {g.nodes} | {g.ranks} | {', '.join(_grid(w) for w in syn) or 'none'} | "
-                   f"{f'{min(sp):.2f}x - {max(sp):.2f}x' if sp else '-'} | {', '.join(_grid(w) for w in base) or 'none'} | "
-                   f"{len(g.failed_jobs)} |")
+                   f"{f'{min(sp):.2f}x - {max(sp):.2f}x' if sp else '-'} | "
+                   f"{f'{min(vb):.2f} - {max(vb):.2f}' if vb else '-'} | {', '.join(_grid(w) for w in base) or 'none'} | "
+                   f"{len(g.failed_jobs)} | {miss} |")
+    out += ["", f"The target (`taccl.batch.selection`): at every size the best synthesized program is no slower than "
+            f"the best baseline and either {TARGET_SPEEDUP}x faster than it or within {TARGET_VS_OPTIMUM}x of the "
+            f"optimum, the lower bound (for AllReduce the reduce-scatter plus all-gather optimum: its provable bound "
+            f"would need reduction in the network)."]
     for g in selection.groups:
         out += ["", f"## {g.collective}, {g.nodes} node(s), {g.ranks} GPUs", ""]
         if plots:
             out += [f"![{g.collective} x{g.nodes}]({plot_name(g)})", ""]
-        out += ["| window | bytes (minBytes - maxBytes) | grid sizes | winner | kind | best baseline | speedup | file | "
-                "in-place |", "|---|---|---|---|---|---|---|---|---|"]
+        out += ["| window | bytes (minBytes - maxBytes) | grid sizes | winner | kind | best baseline | speedup | "
+                "x optimum | file | in-place |", "|---|---|---|---|---|---|---|---|---|---|"]
         for w in g.windows:
             base = ", ".join(sorted({b for b in w.best_baseline if b})) or "-"
+            vb = [v for v in w.vs_bound if v is not None]
             out.append(f"| {w.index} | {_span(w)} | {_grid(w)} | {w.winner or '-'} | {w.kind} | {base} | {_x(w)} | "
+                       f"{f'{min(vb):.2f} - {max(vb):.2f}' if vb else '-'} | "
                        f"{f'`{w.file}`' if w.file else '(runtime default)'} | {'yes' if w.inplace else 'no'} |")
+        if g.shortfalls:
+            out += ["", "Sizes where the best synthesized program misses the target:", ""]
+            out += [f"- {format_size(size)}: {why}" for size, why in g.shortfalls]
         notes = [f"- window {w.index}: {w.note}" for w in g.windows if w.note]
         failed = [f"- {label}: {reason}" for label, reason in g.failed_jobs]
         bad = [f"- {c.label}: {c.reason}" for c in g.contenders if c.status != "ok" and

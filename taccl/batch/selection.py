@@ -62,6 +62,7 @@ class Window:
     kind: str  # "synthesized" | "baseline" | "none"
     best_baseline: list  # per size: label of the fastest baseline ("" if none)
     speedup: list  # per size: best baseline time / winner time (None without a baseline)
+    vs_bound: list = field(default_factory=list)  # per size: winner time / the optimum (see Group.optimum_us)
     file: str = ""  # path relative to OUTDIR, "" when the runtime's own algorithm serves the window
     inplace: bool = False  # the file also serves in-place calls (proven with input and output aliased)
     note: str = ""
@@ -82,6 +83,10 @@ class Group:
     contenders: list
     windows: list = field(default_factory=list)
     failed_jobs: list = field(default_factory=list)  # (label, reason) of synthesis jobs that failed
+    # what the programs are held against per size: the lower bound, for AllReduce the reduce-scatter plus
+    # all-gather optimum (`taccl.bounds.allreduce_optimum`; the provable bound M/B needs in-network reduction)
+    optimum_us: list = field(default_factory=list)
+    shortfalls: list = field(default_factory=list)  # (size, why): where the best synthesized program misses
 
 
 @dataclass
@@ -116,14 +121,40 @@ class Selection:
         return {"format": "taccl.selection/1", **doc}
 
 
-def _lower_bounds(topology, collective: str, sizes) -> list:
-    """The bound for any protocol (the smallest of the per-protocol bounds)."""
-    from ..bounds import lower_bound
+def _lower_bounds(topology, collective: str, sizes, *, optimum: bool = False) -> list:
+    """The bound for any protocol (the smallest of the per-protocol bounds); with `optimum`, an AllReduce's
+    reduce-scatter plus all-gather optimum."""
+    from ..bounds import allreduce_optimum, lower_bound
 
     try:
+        if optimum and collective == "allreduce":
+            return [allreduce_optimum(topology, s) for s in sizes]
         return [lower_bound(topology, collective, s) for s in sizes]
     except UserError:
         return [None] * len(sizes)
+
+
+# The quality target: the best synthesized program is never slower than the best baseline, and it is either
+# this much faster or this close to the optimum.
+TARGET_SPEEDUP = 1.1
+TARGET_VS_OPTIMUM = 1.1
+
+
+def _shortfalls(g: Group) -> list:
+    ok = [c for c in g.contenders if c.status == "ok"]
+    out = []
+    for i, size in enumerate(g.sizes):
+        syn = min((c.time_us[i] for c in ok if c.kind == "synthesized"), default=None)
+        base = min((c.time_us[i] for c in ok if c.kind == "baseline"), default=None)
+        opt = g.optimum_us[i] if g.optimum_us else None
+        if syn is None:
+            out.append((size, "no synthesized program"))
+        elif base is not None and syn > base * (1 + 1e-9):
+            out.append((size, f"best synthesized {syn:.1f} us is slower than the best baseline {base:.1f} us"))
+        elif (base is None or base / syn < TARGET_SPEEDUP) and (opt is None or syn / opt > TARGET_VS_OPTIMUM):
+            sp = f"{base / syn:.2f}x the best baseline" if base else "no baseline"
+            out.append((size, f"{sp}, {syn / opt:.2f}x the optimum" if opt else sp))
+    return out
 
 
 def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Selection:
@@ -136,7 +167,8 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Select
             topo = Topology(sku.spec, task.nodes)
             g = groups[(task.collective, task.nodes)] = Group(
                 collective=task.collective, nodes=task.nodes, ranks=topo.num_ranks, sizes=list(sku.grid),
-                lower_bound_us=_lower_bounds(topo, task.collective, sku.grid), contenders=[])
+                lower_bound_us=_lower_bounds(topo, task.collective, sku.grid), contenders=[],
+                optimum_us=_lower_bounds(topo, task.collective, sku.grid, optimum=True))
         jobs.append(_job_summary(task, store, cached_keys))
         if task.kind == "synthesis" and jobs[-1].status != "ok":
             g.failed_jobs.append((task.label, jobs[-1].reason))
@@ -144,6 +176,7 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Select
             g.contenders.append(_contender(prog, store))
     for g in groups.values():
         g.windows = _windows(g, sku.merge_tolerance)
+        g.shortfalls = _shortfalls(g)
     order = {c: i for i, c in enumerate(sku.collectives)}
     ordered = sorted(groups.values(), key=lambda g: (order[g.collective], g.nodes))
     return Selection(sku=sku.name, topology=sku.spec.name, grid=list(sku.grid), groups=ordered, jobs=jobs,
@@ -235,6 +268,8 @@ def _windows(g: Group, tolerance: float = 0.0) -> list:
             sizes=[g.sizes[k] for k in idx], winner=_label(win), kind=win.kind if win else "none",
             best_baseline=[_label(best_base[k]) for k in idx],
             speedup=[best_base[k].time_us[k] / win.time_us[k] if best_base[k] and win else None for k in idx],
+            vs_bound=[win.time_us[k] / g.optimum_us[k] if win and g.optimum_us and g.optimum_us[k] else None
+                      for k in idx],
             note=note))
         start = i
     return windows

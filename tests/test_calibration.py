@@ -1,0 +1,103 @@
+"""The calibrated cost model: published hardware times reproduced, its parameters checked where they are read."""
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from taccl.baselines import build
+from taccl.errors import UserError
+from taccl.simulator import SimOptions, Simulator
+from taccl.topology import Topology, load_spec, spec_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_published_h100_times_are_predicted_within_25_percent():
+    import calibration as cal
+
+    rows = cal.load_rows(cal.DATA, None)
+    assert {r.kind for r in rows} == {"nccl", "msccl"} and len(rows) > 60
+    docs = {r.topology: copy.deepcopy(load_spec(r.topology).raw) for r in rows}
+    preds = cal.Predictor(rows).predict(docs)
+    bad = [(r.collective, r.size, r.published_us, round(t, 2), label) for r, (t, label) in zip(rows, preds)
+           if not r.excluded and abs(t / r.published_us - 1) > cal.TARGET]
+    assert not bad
+    # the NVLS rows are the ones NCCL runs in the switch: above 256 KiB
+    assert {r.size for r in rows if r.excluded} == {r.size for r in rows if r.collective == "allreduce"
+                                                     and r.kind == "nccl" and r.size > 262144}
+
+
+def test_nccl_channel_rule():
+    import calibration as cal
+
+    assert cal.nccl_channels("ring", "LL", 8, 1024) == 1
+    assert cal.nccl_channels("ring", "LL", 8, 256 * 1024) == 8  # 512 threads x 64 bytes a channel
+    assert cal.nccl_channels("ring", "Simple", 8, 1 << 30) == 32
+    assert cal.nccl_channels("ring", "LL128", 8, 160 * 1024) == 32
+
+
+def test_one_block_cannot_fill_an_nvlink4_port_but_channels_can():
+    topo = Topology(load_spec("dgx-h100"), 1)
+    size = 256 << 20
+    one = Simulator(build("ring", topo, "allgather", instances=1, max_tbs=132), topo).run(size)
+    many = Simulator(build("ring", topo, "allgather", instances=32, max_tbs=132), topo).run(size)
+    tb = topo.spec.link_types["nvswitch"].cost("Simple").tb_bw_GBps
+    assert one.busbw_GBps <= tb * 1.01  # one channel: one thread block's bandwidth
+    assert many.busbw_GBps > 10 * one.busbw_GBps  # 32 channels: close to the port
+
+
+def test_call_cost_and_latency_dominate_tiny_messages():
+    topo = Topology(load_spec("dgx-h100"), 1)
+    prog = build("direct", topo, "allgather", proto="LL", max_tbs=132)
+    t = Simulator(prog, topo).run(1024).time_us
+    call = topo.spec.call_us["LL"]
+    alpha = topo.spec.link_types["nvswitch"].cost("LL").alpha_us
+    assert call + alpha <= t <= call + alpha + 1.0
+    assert Simulator(prog, topo, SimOptions(call_cost=False)).run(1024).time_us == pytest.approx(t - call, abs=1e-6)
+
+
+def calibrated(**change):
+    doc = copy.deepcopy(load_spec("dgx-h100").raw)
+    for path, value in change.items():
+        node = doc
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        if value is None:
+            del node[keys[-1]]
+        else:
+            node[keys[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("change,where,what", [
+    ({"link_types__nvswitch__protocols__LL__alpha_us": -1}, "$.link_types.nvswitch.protocols.LL.alpha_us", "less than the minimum"),
+    ({"link_types__nvswitch__protocols__Simple__bw_GBps": 0}, "$.link_types.nvswitch.protocols.Simple.bw_GBps", "less than or equal to the minimum"),
+    ({"link_types__nvswitch__protocols__LL128__tb_bw_GBps": 1000}, "$.link_types.nvswitch.protocols.LL128.tb_bw_GBps", "above the link's LL128 bandwidth"),
+    ({"link_types__nvswitch__protocols__LL__overhead_us": 5}, "$.link_types.nvswitch.protocols.LL.overhead_us", "cannot exceed the latency"),
+    ({"link_types__nvswitch__protocols__LL": None}, "$.link_types.nvswitch.protocols", "missing ['LL']"),
+    ({"runtime__call_us__LL": None}, "$.runtime.call_us", "missing ['LL']"),
+    ({"runtime__call_us__LL": 1e6}, "$.runtime.call_us.LL", "greater than the maximum"),
+    ({"runtime__sync_us": -0.5}, "$.runtime.sync_us", "less than the minimum"),
+])
+def test_calibration_parameters_out_of_range_name_file_and_field(tmp_path, change, where, what):
+    path = tmp_path / "bad-topology.json"
+    path.write_text(json.dumps(calibrated(**change)))
+    with pytest.raises(UserError) as err:
+        spec_from_dict(json.loads(path.read_text()), path=str(path))
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: {where}: ") and what in msg
+
+
+def test_bad_calibration_is_a_cli_error(tmp_path, capsys):
+    from taccl.cli import main
+
+    path = tmp_path / "bad-topology.json"
+    path.write_text(json.dumps(calibrated(runtime__call_us__LL=None)))
+    assert main(["baseline", "ring", "--topology", str(path), "-o", str(tmp_path / "r.xml")]) == 2
+    err = capsys.readouterr().err
+    assert "$.runtime.call_us" in err and "Traceback" not in err
+    assert not (tmp_path / "r.xml").exists()
