@@ -1,6 +1,7 @@
 """The synthesis benchmark's instances (shared by benchmarks/synthesis.py and benchmarks/quality.py).
 
-Each entry: (label, sketch file, collective override or None, size override or None, group).
+Each entry: (label, sketch file, collective override or None, size override or None, group, node count
+override or None).
 Groups: "core" (2-node and single-node), "scale" (64 and 128 GPUs), "stretch" (1024 GPUs).
 Reference model sizes (routing MILP variables / constraints / binaries) are the ones measured for the
 reference TACCL implementation, from ../shared/data/taccl-examples/SOURCES.md.
@@ -10,20 +11,25 @@ from pathlib import Path
 SKETCHES = Path(__file__).resolve().parent.parent / "sketches"
 
 INSTANCES = [
-    ("2x DGX-2 AllGather sk-1 1MB", "dgx2-sk-1.json", None, None, "core"),
-    ("2x DGX-2 AllGather sk-2 1KB", "dgx2-sk-2.json", None, None, "core"),
-    ("2x NDv2 AllGather sk-1", "ndv2-sk-1.json", None, None, "core"),
-    ("2x NDv2 AllGather sk-2", "ndv2-sk-2.json", None, None, "core"),
-    ("2x NDv2 AllToAll sk-1", "ndv2-alltoall-sk-1.json", None, None, "core"),
-    ("4x NDv2 AllGather", "ndv2-n4.json", None, None, "core"),
-    ("2x DGX-2 AllToAll", "dgx2-alltoall.json", None, None, "core"),
-    ("2x NDv2 AllReduce", "ndv2-sk-1.json", "allreduce", None, "core"),
-    ("2x DGX-2 AllReduce", "dgx2-sk-1.json", "allreduce", None, "core"),
-    ("1x NDv2 AllGather", "ndv2-single.json", None, None, "core"),
-    ("1x NDv2 AllToAll", "ndv2-single.json", "alltoall", None, "core"),
-    ("8x NDv2 AllGather (64 GPUs)", "ndv2-n8.json", None, None, "scale"),
-    ("16x DGX A100 AllGather (128 GPUs)", "dgx-a100-n16.json", None, None, "scale"),
-    ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch"),
+    ("2x DGX-2 AllGather sk-1 1MB", "dgx2-sk-1.json", None, None, "core", None),
+    ("2x DGX-2 AllGather sk-2 1KB", "dgx2-sk-2.json", None, None, "core", None),
+    ("2x NDv2 AllGather sk-1", "ndv2-sk-1.json", None, None, "core", None),
+    ("2x NDv2 AllGather sk-2", "ndv2-sk-2.json", None, None, "core", None),
+    ("2x NDv2 AllToAll sk-1", "ndv2-alltoall-sk-1.json", None, None, "core", None),
+    ("4x NDv2 AllGather", "ndv2-n4.json", None, None, "core", None),
+    ("2x DGX-2 AllToAll", "dgx2-alltoall.json", None, None, "core", None),
+    ("2x NDv2 AllReduce", "ndv2-sk-1.json", "allreduce", None, "core", None),
+    ("2x DGX-2 AllReduce", "dgx2-sk-1.json", "allreduce", None, "core", None),
+    ("1x NDv2 AllGather", "ndv2-single.json", None, None, "core", None),
+    ("1x NDv2 AllToAll", "ndv2-single.json", "alltoall", None, "core", None),
+    ("2x DGX H100 AllGather hierarchical", "dgx-h100-hier.json", None, None, "core", None),
+    ("2x DGX H100 AllReduce hierarchical", "dgx-h100-hier.json", "allreduce", None, "core", None),
+    ("2x DGX A100 AllToAll hierarchical", "dgx-a100-hier.json", "alltoall", None, "core", None),
+    ("2x DGX-2 AllReduce hierarchical", "dgx2-hier.json", "allreduce", None, "core", None),
+    ("8x NDv2 AllGather (64 GPUs)", "ndv2-n8.json", None, None, "scale", None),
+    ("16x DGX A100 AllGather (128 GPUs)", "dgx-a100-n16.json", None, None, "scale", None),
+    ("16x DGX H100 AllReduce hierarchical (128 GPUs)", "dgx-h100-hier.json", "allreduce", None, "scale", 16),
+    ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch", None),
 ]
 
 REFERENCE_ROUTING_SIZE = {

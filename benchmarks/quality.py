@@ -1,12 +1,16 @@
-"""Algorithm quality: simulated time of each synthesized program next to the baselines and the lower bound.
+"""Algorithm quality: the best synthesized program next to the best baseline and the optimum, per size.
 
 For every instance of the synthesis benchmark (benchmarks/instances.py, group "core" by default) the sketch
-is synthesized (`taccl.synthesize.synthesize`), lowered (`taccl.lowering.lower`, checked), and simulated
-(`taccl.simulator`) at sizes 1 KB to 1 GB, as is every applicable baseline (`taccl.baselines`) on the same
-topology. Printed per instance and size: the times, the best baseline, the lower bound
-(`taccl.bounds`), and TACCL's time relative to the best baseline (< 1 is better).
+is synthesized in every protocol and instance count (`taccl.synthesize.synthesize`), lowered
+(`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the calibrated model) at sizes 1 KiB to
+1 GiB, as is every applicable baseline (`taccl.baselines`, as NCCL runs it: every protocol, 1 and 4
+instances, no executor step limit). Printed per instance and size: the fastest of each side, the optimum (the
+lower bound; for AllReduce the reduce-scatter plus all-gather optimum), the speedup, and whether the size
+meets the target of `taccl.batch.selection` (no slower than the best baseline, and 1.1x faster than it or
+within 1.1x of the optimum).
 
     python benchmarks/quality.py [--groups core] [--sizes 1K:1G:4] [--time-limit 30] [--only LABEL]
+                                 [--instances 1,4]
 """
 from __future__ import annotations
 
@@ -21,58 +25,67 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instances import INSTANCES, SKETCHES  # noqa: E402
 
 from taccl.baselines import BASELINES, applicable, build  # noqa: E402
-from taccl.bounds import lower_bound  # noqa: E402
+from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM  # noqa: E402
+from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
 from taccl.lowering import lower  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
+from taccl.topology import PROTOCOLS  # noqa: E402
 from taccl.units import format_size, parse_size_range  # noqa: E402
 
 
-def _fmt(t):
-    return f"{t:10.1f}" if t is not None else f"{'-':>10}"
-
-
-def run_instance(label, sketch, coll, size, args):
+def run_instance(label, sketch, coll, size, args, nodes=None):
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, resolve, synthesize
 
     sk = load_sketch(SKETCHES / sketch)
-    topo, collective, _ = resolve(sk, collective=coll, input_size=size)
-    t0 = time.monotonic()
-    note = ""
-    try:
-        algo = synthesize(sk, collective=coll, input_size=size,
-                          options=SynthesisOptions(time_limit_s=args.time_limit, threads=1))
-        prog = lower(algo)
-        progs = {"taccl": prog}
-        note = f"synthesized+lowered in {time.monotonic() - t0:.1f} s"
-    except TacclError as exc:
-        progs = {}
-        note = f"synthesis/lowering failed: {exc}".splitlines()[0]
-    for name, colls in BASELINES.items():
-        if collective.name in colls and applicable(name, topo, collective.name):
-            try:
-                progs[name] = build(name, topo, collective.name)
-            except TacclError as exc:
-                note += f"; {name}: {exc}".splitlines()[0]
-    sims = {k: Simulator(p, topo) for k, p in progs.items()}
+    topo, collective, _ = resolve(sk, nodes=nodes, collective=coll, input_size=size)
+    max_tbs = topo.spec.sm_count or 108
     sizes = parse_size_range(args.sizes)
-    names = [k for k in progs if k != "taccl"]
-    print(f"\n## {label}: {collective.name} on {topo.name} x{topo.nodes} ({topo.num_ranks} ranks); {note}")
-    head = f"{'size':>10} {'taccl us':>10} " + " ".join(f"{n[:10]:>10}" for n in names)
-    print(head + f" {'bound us':>10} {'best base':>18} {'taccl/best':>10}")
-    ratios = []
-    for s in sizes:
-        times = {k: sim.run(s).time_us for k, sim in sims.items()}
-        base = {k: v for k, v in times.items() if k != "taccl"}
-        best = min(base.items(), key=lambda kv: kv[1]) if base else None
-        lb = lower_bound(topo, collective.name, s, root=collective.root or 0)
-        ratio = times["taccl"] / best[1] if best and "taccl" in times else None
-        if ratio is not None:
-            ratios.append(ratio)
-        print(f"{format_size(s):>10} {_fmt(times.get('taccl'))} " + " ".join(_fmt(times[n]) for n in names)
-              + f" {_fmt(lb)} {(best[0] if best else '-'):>18} {(f'{ratio:10.2f}' if ratio else f'{chr(45):>10}')}")
-    return ratios
+    t0 = time.monotonic()
+    syn, base, notes = {}, {}, []
+    for proto in PROTOCOLS:
+        for inst in args.instances:
+            try:
+                algo = synthesize(sk, nodes=nodes, collective=coll, input_size=size,
+                                  options=SynthesisOptions(time_limit_s=args.time_limit, threads=1, proto=proto,
+                                                           instances=inst))
+                sim = Simulator(lower(algo, max_tbs=max_tbs), topo)
+                syn[f"{proto}.i{inst}"] = [sim.run(s).time_us for s in sizes]
+            except TacclError as exc:
+                notes.append(f"{proto}.i{inst}: {str(exc).splitlines()[0][:80]}")
+    t_syn = time.monotonic() - t0
+    for name, colls in BASELINES.items():
+        if collective.name not in colls or not applicable(name, topo, collective.name):
+            continue
+        for proto in PROTOCOLS:
+            for inst in (1, 4):
+                try:
+                    prog = build(name, topo, collective.name, instances=inst, proto=proto, max_tbs=max_tbs,
+                                 reference=True)
+                except TacclError:
+                    continue
+                sim = Simulator(prog, topo)
+                base[f"{name}/{proto}.i{inst}"] = [sim.run(s).time_us for s in sizes]
+    print(f"\n## {label}: {collective.name} on {topo.name} x{topo.nodes} ({topo.num_ranks} ranks); "
+          f"{len(syn)} synthesized variants in {t_syn:.1f} s" + (f"; failed: {'; '.join(notes)}" if notes else ""))
+    print(f"{'size':>8} {'synth us':>10} {'variant':>11} {'base us':>10} {'baseline':>26} {'speedup':>7} "
+          f"{'optimum':>10} {'x opt':>6}  target")
+    met = total = 0
+    for k, s in enumerate(sizes):
+        bs = min(syn.items(), key=lambda kv: kv[1][k]) if syn else None
+        bb = min(base.items(), key=lambda kv: kv[1][k]) if base else None
+        opt = (allreduce_optimum(topo, s) if collective.name == "allreduce"
+               else lower_bound(topo, collective.name, s, root=collective.root or 0))
+        ok = bs is not None and (bb is None or bs[1][k] <= bb[1][k] * (1 + 1e-9)) and (
+            (bb is not None and bb[1][k] / bs[1][k] >= TARGET_SPEEDUP) or bs[1][k] / opt <= TARGET_VS_OPTIMUM)
+        met += ok
+        total += 1
+        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>11} "
+              f"{bb[1][k] if bb else float('nan'):10.1f} {bb[0] if bb else '-':>26} "
+              f"{bb[1][k] / bs[1][k] if bb and bs else float('nan'):7.2f} {opt:10.1f} "
+              f"{bs[1][k] / opt if bs else float('nan'):6.2f}  {'yes' if ok else 'NO'}")
+    return met, total
 
 
 def main(argv=None) -> int:
@@ -81,18 +94,20 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1K:1G:4", help="sizes to simulate (default 1K:1G:4)")
     ap.add_argument("--time-limit", type=float, default=30.0, help="per MILP stage, seconds")
     ap.add_argument("--only", default=None, help="run only instances whose label contains this text")
+    ap.add_argument("--instances", default="1,4", help="instance counts to synthesize for (default 1,4)")
     args = ap.parse_args(argv)
+    args.instances = [int(x) for x in args.instances.split(",")]
     groups = set(args.groups.split(","))
     summary = []
-    for label, sketch, coll, size, group in INSTANCES:
+    for label, sketch, coll, size, group, nodes in INSTANCES:
         if group not in groups or (args.only and args.only not in label):
             continue
-        ratios = run_instance(label, sketch, coll, size, args)
-        if ratios:
-            summary.append((label, min(ratios), max(ratios)))
-    print("\n## summary: taccl time / best baseline time over the sizes (< 1: taccl faster)")
-    for label, lo, hi in summary:
-        print(f"{label:<40} {lo:6.2f} .. {hi:6.2f}")
+        met, total = run_instance(label, sketch, coll, size, args, nodes)
+        summary.append((label, met, total))
+    print("\n## summary: sizes meeting the target (best synthesized no slower than the best baseline, and "
+          f"{TARGET_SPEEDUP}x faster or within {TARGET_VS_OPTIMUM}x of the optimum)")
+    for label, met, total in summary:
+        print(f"{label:<48} {met:3d} of {total}")
     return 0
 
 

@@ -39,19 +39,19 @@ def main(argv=None) -> int:
     header = ("instance", "routing v/c/b", "reference v/c/b", "contig v/c/b", "route s", "order s", "contig s",
               "total s", "time us", "bound us", "ratio", "sim us", "sim/pred")
     rows = []
-    for label, sketch, coll, size, group in INSTANCES:
+    for label, sketch, coll, size, group, nodes in INSTANCES:
         if group not in groups:
             continue
         t0 = time.monotonic()
         sk = load_sketch(SKETCHES / sketch)
-        algo = synthesize(sk, collective=coll, input_size=size,
+        algo = synthesize(sk, nodes=nodes, collective=coll, input_size=size,
                           options=SynthesisOptions(time_limit_s=args.time_limit, threads=1))
         total = time.monotonic() - t0
         st = {s["stage"]: s for s in algo.stages}
         ref = REFERENCE_ROUTING_SIZE.get(label)
         sim = "-"
         if not args.no_sim:
-            topo = resolve(sk, collective=coll, input_size=size)[0]
+            topo = resolve(sk, nodes=nodes, collective=coll, input_size=size)[0]
             try:  # the written program, simulated at the size it was synthesized for
                 sim_us = Simulator(lower(algo, max_tbs=topo.spec.sm_count or 108), topo).run(algo.input_size_bytes).time_us
                 sim = f"{sim_us:.2f}"
