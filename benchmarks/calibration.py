@@ -54,8 +54,9 @@ DATASETS = {
 }
 
 # The MSCCL executor files of Azure's NDv5 set (msccl-scheduler tools/msccl-algorithms/ndv5), rebuilt:
-# (baseline, protocol, instances). ag-*: all-pairs or ring AllGather; ap*: all-pairs AllReduce (scratch and
-# one local reduction); r48*: ring AllReduce, 8 rings x 4 channels.
+# (baseline, protocol, instances). ag-*: all-pairs or ring AllGather; ap-1pass: one-shot AllReduce (each
+# whole input into every peer's scratch, one local reduction); ap2ll, ap4ll: all-pairs AllReduce (scratch
+# and one local reduction, then gathered); r48*: ring AllReduce, 8 rings x 4 channels.
 MSCCL_PROGRAMS = {
     "ag-1k-512k.xml": ("direct", "LL", 2),
     "ag-1m.xml": ("direct", "LL", 4),
@@ -64,7 +65,7 @@ MSCCL_PROGRAMS = {
     "ag-8m.xml": ("direct", "Simple", 4),
     "ag-16m.xml": ("direct", "Simple", 4),
     "ag-32m-1g.xml": ("ring", "Simple", 32),
-    "ap-1pass.xml": ("direct", "LL", 4),
+    "ap-1pass.xml": ("one-shot", "LL", 4),
     "ap2ll.xml": ("direct", "LL", 2),
     "ap4ll.xml": ("direct", "LL", 4),
     "r48ll.xml": ("ring", "LL", 32),

@@ -1,20 +1,24 @@
 """Algorithm quality: the best synthesized program next to the best baseline and the optimum, per size.
 
 For every instance of the synthesis benchmark (benchmarks/instances.py, group "core" by default) the sketch
-is synthesized in every protocol and instance count (`taccl.synthesize.synthesize`), lowered
-(`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the calibrated model) at sizes 1 KiB to
-1 GiB, as is every applicable baseline (`taccl.baselines`, as NCCL runs it: every protocol, 1 and 4
-instances, no executor step limit). Printed per instance and size: the fastest of each side, the optimum (the
-lower bound; for AllReduce the reduce-scatter plus all-gather optimum), the speedup, and whether the size
-meets the target of `taccl.batch.selection` (no slower than the best baseline, and 1.1x faster than it or
-within 1.1x of the optimum).
+is synthesized (`taccl.synthesize.synthesize`) in every protocol and instance count at each synthesis size,
+as a SKU's batch does (64 KiB and 16 MiB by default, plus the instance's own size; at the largest also with
+each chunk cut in two), lowered (`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the
+calibrated model) at sizes 1 KiB to 1 GiB, as is every applicable baseline (`taccl.baselines`: NCCL's rings
+and trees, the all-pairs and one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and
+4 instances, no executor step limit). Printed per instance and size: the fastest of each side, the optimum
+(the lower bound; for AllReduce the reduce-scatter plus all-gather optimum), the speedup, and whether the
+size meets the target of `taccl.batch.selection` (no slower than the best baseline, and 1.1x faster than it
+or within 1.1x of the optimum).
 
     python benchmarks/quality.py [--groups core] [--sizes 1K:1G:4] [--time-limit 30] [--only LABEL]
-                                 [--instances 1,4]
+                                 [--instances 1,4] [--synthesis-sizes 64K,16M]
+                                 [--large-chunkups 2]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -31,7 +35,7 @@ from taccl.errors import TacclError  # noqa: E402
 from taccl.lowering import lower  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
 from taccl.topology import PROTOCOLS  # noqa: E402
-from taccl.units import format_size, parse_size_range  # noqa: E402
+from taccl.units import format_size, parse_size, parse_size_range  # noqa: E402
 
 
 def run_instance(label, sketch, coll, size, args, nodes=None):
@@ -39,21 +43,28 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
     from taccl.synthesize import SynthesisOptions, resolve, synthesize
 
     sk = load_sketch(SKETCHES / sketch)
-    topo, collective, _ = resolve(sk, nodes=nodes, collective=coll, input_size=size)
+    topo, collective, own_size = resolve(sk, nodes=nodes, collective=coll, input_size=size)
     max_tbs = topo.spec.sm_count or 108
     sizes = parse_size_range(args.sizes)
     t0 = time.monotonic()
     syn, base, notes = {}, {}, []
-    for proto in PROTOCOLS:
-        for inst in args.instances:
-            try:
-                algo = synthesize(sk, nodes=nodes, collective=coll, input_size=size,
-                                  options=SynthesisOptions(time_limit_s=args.time_limit, threads=1, proto=proto,
-                                                           instances=inst))
-                sim = Simulator(lower(algo, max_tbs=max_tbs), topo)
-                syn[f"{proto}.i{inst}"] = [sim.run(s).time_us for s in sizes]
-            except TacclError as exc:
-                notes.append(f"{proto}.i{inst}: {str(exc).splitlines()[0][:80]}")
+    synthesis_sizes = sorted({parse_size(x) for x in args.synthesis_sizes.split(",")} | {own_size})
+    # large messages also get finer chunks (more pipelining between phases and hops), as the SKUs do
+    runs = [(at, sk.chunkup) for at in synthesis_sizes] + [
+        (synthesis_sizes[-1], cu) for cu in args.large_chunkups if cu != sk.chunkup]
+    for at, chunkup in runs:
+        sk_at = dataclasses.replace(sk, chunkup=chunkup)
+        for proto in PROTOCOLS:
+            for inst in args.instances:
+                name = f"{proto}.i{inst}" + (f".c{chunkup}" if chunkup != sk.chunkup else "") + f"@{format_size(at)}"
+                try:
+                    algo = synthesize(sk_at, nodes=nodes, collective=coll, input_size=at,
+                                      options=SynthesisOptions(time_limit_s=args.time_limit, threads=1,
+                                                               proto=proto, instances=inst))
+                    sim = Simulator(lower(algo, max_tbs=max_tbs), topo)
+                    syn[name] = [sim.run(s).time_us for s in sizes]
+                except TacclError as exc:
+                    notes.append(f"{name}: {str(exc).splitlines()[0][:80]}")
     t_syn = time.monotonic() - t0
     for name, colls in BASELINES.items():
         if collective.name not in colls or not applicable(name, topo, collective.name):
@@ -69,7 +80,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                 base[f"{name}/{proto}.i{inst}"] = [sim.run(s).time_us for s in sizes]
     print(f"\n## {label}: {collective.name} on {topo.name} x{topo.nodes} ({topo.num_ranks} ranks); "
           f"{len(syn)} synthesized variants in {t_syn:.1f} s" + (f"; failed: {'; '.join(notes)}" if notes else ""))
-    print(f"{'size':>8} {'synth us':>10} {'variant':>11} {'base us':>10} {'baseline':>26} {'speedup':>7} "
+    print(f"{'size':>8} {'synth us':>10} {'variant':>18} {'base us':>10} {'baseline':>26} {'speedup':>7} "
           f"{'optimum':>10} {'x opt':>6}  target")
     met = total = 0
     for k, s in enumerate(sizes):
@@ -81,7 +92,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
             (bb is not None and bb[1][k] / bs[1][k] >= TARGET_SPEEDUP) or bs[1][k] / opt <= TARGET_VS_OPTIMUM)
         met += ok
         total += 1
-        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>11} "
+        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>18} "
               f"{bb[1][k] if bb else float('nan'):10.1f} {bb[0] if bb else '-':>26} "
               f"{bb[1][k] / bs[1][k] if bb and bs else float('nan'):7.2f} {opt:10.1f} "
               f"{bs[1][k] / opt if bs else float('nan'):6.2f}  {'yes' if ok else 'NO'}")
@@ -95,8 +106,13 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0, help="per MILP stage, seconds")
     ap.add_argument("--only", default=None, help="run only instances whose label contains this text")
     ap.add_argument("--instances", default="1,4", help="instance counts to synthesize for (default 1,4)")
+    ap.add_argument("--synthesis-sizes", default="64K,16M",
+                    help="input sizes to synthesize at, besides the instance's own (default 64K,16M, as the SKUs)")
+    ap.add_argument("--large-chunkups", default="2",
+                    help="chunk-ups also tried at the largest synthesis size (default 2, as the SKUs)")
     args = ap.parse_args(argv)
     args.instances = [int(x) for x in args.instances.split(",")]
+    args.large_chunkups = [int(x) for x in args.large_chunkups.split(",") if x]
     groups = set(args.groups.split(","))
     summary = []
     for label, sketch, coll, size, group, nodes in INSTANCES:

@@ -17,6 +17,11 @@ direct                 alltoall, allgather, reducescatter,     every rank sends 
                        allreduce                               MSCCL "allpairs" programs): ReduceScatter into
                                                                the owner's scratch and one local reduction,
                                                                AllReduce that then gathered from the owners
+one-shot               allreduce                               every rank sends its whole input to every
+                                                               other's scratch and reduces the R-1 copies
+                                                               locally (MSCCL's "ap-1pass" program): one
+                                                               step for R-1 times the data, the fastest
+                                                               AllReduce for the smallest messages
 hierarchical           allreduce                               intra-node ring reduce-scatter, inter-node ring
                                                                allreduce per shard, intra-node ring allgather
 two-step               alltoall (several nodes)                intra-node exchange into a per-destination-node
@@ -41,6 +46,7 @@ BASELINES = {
     "ring": ("allgather", "reducescatter", "allreduce"),
     "double-binary-tree": ("allreduce",),
     "direct": ("alltoall", "allgather", "reducescatter", "allreduce"),
+    "one-shot": ("allreduce",),
     "hierarchical": ("allreduce",),
     "two-step": ("alltoall",),
 }
@@ -217,6 +223,20 @@ def _direct_reduce(prog, R, k, *, into_output_all: bool):
                 prog.chunk(s, "output", s * k, k).copy((s + off) % R, "output", s * k)
 
 
+def one_shot(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+    R = topology.num_ranks
+    n = R * chunkup  # an AllReduce buffer: R chunks of chunkup pieces
+    prog = DSLProgram(coll, R, chunkup, name=f"one-shot-{coll}")
+    for off in range(1, R):
+        for s in range(R):
+            prog.chunk(s, "input", 0, n).copy((s + off) % R, "gathered", s * n)
+    for d in range(R):
+        acc = prog.chunk(d, "input", 0, n).copy(d, "output", 0)
+        for off in range(1, R):
+            acc = acc.reduce(prog.chunk(d, "gathered", ((d + off) % R) * n, n))
+    return prog
+
+
 def _trees(n: int):
     """Two binary trees over n items (heap layout and its mirror): parent lists (root has parent -1)."""
     t1 = [-1] + [(i - 1) // 2 for i in range(1, n)]
@@ -354,7 +374,7 @@ def two_step(topology, coll: str, chunkup: int = 1) -> DSLProgram:
 
 
 _BUILDERS = {"ring": ring, "double-binary-tree": double_binary_tree, "direct": direct,
-             "hierarchical": hierarchical, "two-step": two_step}
+             "one-shot": one_shot, "hierarchical": hierarchical, "two-step": two_step}
 
 
 def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) -> DSLProgram:

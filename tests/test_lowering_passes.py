@@ -203,3 +203,16 @@ def test_too_many_thread_blocks_falls_back_to_less_fusion():
     assert lower(algo, max_tbs=1000).max_threadblocks > 8
     prog = lower(algo, max_tbs=8)
     assert prog.max_threadblocks <= 8 and check_program(prog).ok
+
+
+def test_default_instances_halve_until_the_blocks_fit():
+    # the algorithm asks for 4 instances; with room for fewer blocks the default count is halved (each
+    # instance repeats every block), while an explicit count that does not fit is refused
+    import dataclasses
+
+    algo = dataclasses.replace(ring_algorithm("allgather", 4), instances=4)
+    with pytest.raises(UserError, match="thread blocks"):
+        lower(algo, instances=4, max_tbs=3)  # packed, an instance still needs a block of its own
+    prog = lower(algo, max_tbs=3)
+    assert prog.nchannels == lower(algo, instances=2).nchannels == 2 and prog.max_threadblocks <= 3
+    assert check_program(prog).ok

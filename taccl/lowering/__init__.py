@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..errors import CheckFailed, UserError
 from ..program import Program, Proto
 from .buffers import algorithm_ops
-from .emit import check_limits, compact_scratch, emit
+from .emit import MAX_DEPID, check_limits, compact_scratch, emit
 from .fusion import fuse
 from .instructions import generate
 from .ops import ChunkOp
@@ -75,18 +75,27 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
           name: str | None = None) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
-    `instances` and `proto` default to the ones the algorithm was synthesized for.
+    `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
+    instance count needs more thread blocks than `max_tbs` (every instance repeats the blocks), it is halved
+    until the program fits (fewer channels: the XML's `nchannels` shows it).
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     """
-    instances = algorithm.instances if instances is None else instances
+    requested = algorithm.instances if instances is None else instances
     proto = algorithm.protocol if proto is None else proto
-    opts = LoweringOptions(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
-                           max_tbs=max_tbs, fuse=fuse, check=check)
-    opts.validate()
     coll = algorithm.make_collective()
-    ops = algorithm_ops(algorithm, coll, single=instances > 1)
-    return lower_ops(ops, coll, name=name or algorithm.name, options=opts)
+    n = requested
+    while True:
+        opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
+                               max_tbs=max_tbs, fuse=fuse, check=check)
+        opts.validate()
+        ops = algorithm_ops(algorithm, coll, single=n > 1)
+        try:
+            return lower_ops(ops, coll, name=name or algorithm.name, options=opts)
+        except UserError as exc:
+            if instances is not None or n == 1 or "thread blocks" not in str(exc):
+                raise
+            n //= 2  # halved, so that the instances still divide the links' lanes evenly
 
 
 def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = None, **kw) -> Program:
@@ -97,7 +106,8 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     if N > 1 and any(op.cnt > 1 for op in ops):
         ops = _split_ops(ops)
     ops = _cap_cnt(ops)
-    per_instance_tbs = max(1, opts.max_tbs // N)
+    # a block others wait on needs an id <= 127 (int8): past 128 blocks that cannot hold for every target
+    per_instance_tbs = max(1, min(opts.max_tbs, MAX_DEPID + 1) // N)
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
     # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
     modes = ["natural", "safe", None] if opts.fuse else [None]
