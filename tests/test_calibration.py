@@ -101,3 +101,17 @@ def test_bad_calibration_is_a_cli_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "$.runtime.call_us" in err and "Traceback" not in err
     assert not (tmp_path / "r.xml").exists()
+
+
+def test_derived_machines_follow_the_h100_fit():
+    # the other machines' calibrated blocks are derived from dgx-h100.json: a refit must be followed by
+    # `python benchmarks/calibration_derive.py`, or these files disagree with it
+    import calibration_derive
+
+    derived = calibration_derive.derive_all()
+    for name, doc in derived.items():
+        assert json.loads((ROOT / "topologies" / f"{name}.json").read_text()) == doc, name
+    a100 = derived["dgx-a100"]["link_types"]["nvswitch"]["protocols"]
+    h100 = derived["dgx-h100"]["link_types"]["nvswitch"]["protocols"]
+    assert a100["LL"]["alpha_us"] == h100["LL"]["alpha_us"]
+    assert a100["Simple"]["tb_bw_GBps"] < h100["Simple"]["tb_bw_GBps"]
