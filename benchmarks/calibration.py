@@ -248,12 +248,18 @@ def _apply(doc, names, vals):
     return d
 
 
-def fit(rows, predictor, base_docs, max_evals: int = 600) -> dict:
+def fit(rows, predictor, base_docs, max_evals: int = 600, only: list | None = None) -> dict:
+    """Refine the one topology's calibrated parameters (those whose name contains one of `only`, or all)."""
     import numpy as np
     from scipy.optimize import minimize
 
     (tname, doc), = base_docs.items()
     names, x0, lo, hi = _params(doc)
+    if only:
+        keep = [i for i, n in enumerate(names) if any(o in "/".join(n) for o in only)]
+        names, x0, lo, hi = ([v[i] for i in keep] for v in (names, x0, lo, hi))
+        if not names:
+            raise SystemExit(f"--fit-params {','.join(only)}: no parameter matches")
     used = [i for i, r in enumerate(rows) if not r.excluded]
     start = [math.log(v) for v in x0]
 
@@ -284,6 +290,10 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=DATA, help="directory of the data sets (default: %(default)s)")
     ap.add_argument("--only", choices=["allgather", "allreduce"], help="one collective")
     ap.add_argument("--fit", action="store_true", help="refit the topology's calibrated costs and print them")
+    ap.add_argument("--max-evals", type=int, default=600, help="fit: most model evaluations (default 600)")
+    ap.add_argument("--fit-params", default=None,
+                    help="fit: only the parameters whose path contains one of these comma-separated texts "
+                         "(e.g. LL,call,sync_us; paths look like link/nvswitch/LL/alpha_us, call/LL)")
     args = ap.parse_args(argv)
     rows = load_rows(args.data, args.only)
     if not rows:
@@ -294,7 +304,8 @@ def main(argv=None) -> int:
     if args.fit:
         import json
 
-        docs = fit(rows, predictor, docs)
+        docs = fit(rows, predictor, docs, args.max_evals,
+                   args.fit_params.split(",") if args.fit_params else None)
         for tname, d in docs.items():
             print(json.dumps({"link_types": d["link_types"], "runtime": d["runtime"]}, indent=1))
     preds = predictor.predict(docs)
