@@ -250,8 +250,9 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
             from ..lowering import lower
 
             algo = Algorithm.from_json(algo_record["algorithm"])
-            program = lower(algo, instances=prog.instances, proto=prog.proto, max_tbs=task.max_tbs,
-                            name=prog.label)
+            # the algorithm's own instance count is left to `lower`, which halves it if the blocks do not fit
+            program = lower(algo, instances=None if prog.instances == algo.instances else prog.instances,
+                            proto=prog.proto, max_tbs=task.max_tbs, name=prog.label)
         else:
             from ..baselines import build
 

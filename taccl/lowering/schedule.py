@@ -288,10 +288,13 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
                         f"0..{max_channels - 1} is full ({step_cap} steps per thread block, "
                         f"{MAX_TBS_PER_CHANNEL} sending/receiving thread blocks per channel); use fewer chunks "
                         f"or fewer instances")
-    # local instructions. A reduction (several steps: same rank and event) goes to a thread block of its
-    # own rank that does only local work, so it neither waits behind nor delays a connection's steps, and
-    # its steps stay together so the runtime can fuse them into one pass; other copies (AllGather's own
-    # chunk, at the end) go to the block with the fewest steps.
+    # local instructions. A reduction (several steps: same rank and event) whose result one send forwards
+    # goes into that send's thread block, just before it, when nothing of that block falls between them:
+    # the send then follows the fold without a flag wait (a hop of a reduce chain pays one, not two).
+    # Another reduction goes to a thread block of its own rank that does only local work, so it neither
+    # waits behind nor delays a connection's steps; either way its steps stay together so the runtime can
+    # fuse them into one pass. Other copies (AllGather's own chunk, at the end) go to the block with the
+    # fewest steps.
     by_rank = {}
     for tb in st.tbs:
         by_rank.setdefault(tb.rank, []).append(tb)
@@ -302,6 +305,13 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     workers = {}  # rank -> its local-only thread blocks
     for (rank, _), group in sorted(groups.items(), key=lambda kv: kv[1][0].pos):
         reduction = any(i.type is StepType.REDUCE for i in group)
+        host = _forwarding_block(group, step_cap) if reduction else None
+        if host is not None:
+            for ins in group:
+                host.instrs.append(ins)
+                host.nsteps += 1
+                ins.tb, ins.ch = host, host.ch
+            continue
         pool = workers.setdefault(rank, []) if reduction else by_rank.get(rank, [])
         cands = [tb for tb in pool if tb.nsteps + len(group) <= step_cap]
         if cands:
@@ -318,6 +328,26 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     for tb in tbs:
         tb.instrs = order_tb(tb.instrs)
     return tbs
+
+
+def _forwarding_block(group: list, step_cap: int):
+    """The thread block of the one send that consumes this local reduction, if the fold can go right before
+    it there: no other step of that block between the two, room for the steps; else None."""
+    members = {id(i) for i in group}
+    consumers = [d for i in group for d in i.dependents
+                 if id(d) not in members and not d.dead and d.tb is not None]
+    if not consumers or any(d.send_peer < 0 for d in consumers):
+        return None
+    tbs = {id(d.tb) for d in consumers}
+    if len(tbs) != 1:
+        return None
+    tb = consumers[0].tb
+    if tb.nsteps + len(group) > step_cap:
+        return None
+    first, last = min(i.pos for i in group), min(d.pos for d in consumers)
+    if any(first < i.pos < last for i in tb.instrs):
+        return None
+    return tb
 
 
 class OrderFailed(Exception):
