@@ -81,10 +81,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     """
-    requested = algorithm.instances if instances is None else instances
+    n = algorithm.instances if instances is None else instances
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
-    n = requested
     while True:
         opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
                                max_tbs=max_tbs, fuse=fuse, check=check)
