@@ -34,7 +34,6 @@ NETWORK_TYPES = ("ib", "roce")
 GENERATIONS = {
     "volta": {"simple": 26.5 / 38.7, "ll128": 20.0 / 36.7, "ll": 39.0 / 141.0, "hbm": 900 / 3352, "sms": 80},
     "ampere": {"simple": 24.0 / 38.7, "ll128": 20.0 / 36.7, "ll": 87.7 / 141.0, "hbm": 2039 / 3352, "sms": 108},
-    "hopper": {"simple": 1.0, "ll128": 1.0, "ll": 1.0, "hbm": 1.0, "sms": 132},
     "blackwell": {"simple": 70.0 / 38.7, "ll128": 40.0 / 36.7, "ll": 282.0 / 141.0, "hbm": 8000 / 3352,
                   "sms": 148},
 }
@@ -114,17 +113,18 @@ class Derivation:
             per_gpu = max(total.values())
             share = {t: lt["bw_GBps"] / per_gpu for t, lt in d["link_types"].items()}
         for t, lt in d["link_types"].items():
-            if t in NETWORK_TYPES:
-                lt["protocols"] = network(lt["bw_GBps"])
-            elif t != "nvswitch" or gen != "hopper":
+            if t not in NETWORK_TYPES:
                 lt["protocols"] = self.nvlink(lt["bw_GBps"], gen, share.get(t, 1.0))
-        if gen != "hopper":
-            d["runtime"] = self.runtime(gen)
-        return d
+        d["runtime"] = self.runtime(gen)
+        return with_network(d)
 
 
-def network(raw: float) -> dict:
-    return {p: {"alpha_us": a, "bw_GBps": _r(raw * f)} for p, (a, f) in NETWORK.items()}
+def with_network(doc: dict) -> dict:
+    """`doc` with NCCL's network costs on its network link types (in place)."""
+    for t, lt in doc["link_types"].items():
+        if t in NETWORK_TYPES:
+            lt["protocols"] = {p: {"alpha_us": a, "bw_GBps": _r(lt["bw_GBps"] * f)} for p, (a, f) in NETWORK.items()}
+    return doc
 
 
 def _with_sources(doc: dict, lines: list) -> dict:
@@ -136,7 +136,8 @@ def derive_all() -> dict:
     """{topology file: its new document}, the H100's own network block included."""
     h100 = json.loads((TOPOLOGIES / "dgx-h100.json").read_text())
     der = Derivation(h100)
-    out = {"dgx-h100": _with_sources(der.apply(h100, "hopper", False), [H100_SOURCE, NETWORK_SOURCE])}
+    # the H100 keeps its fitted NVSwitch and runtime blocks: only its network is NCCL's
+    out = {"dgx-h100": _with_sources(with_network(copy.deepcopy(h100)), [H100_SOURCE, NETWORK_SOURCE])}
     for name, (gen, mesh, what) in DERIVED.items():
         doc = json.loads((TOPOLOGIES / f"{name}.json").read_text())
         out[name] = _with_sources(der.apply(doc, gen, mesh), [_derived_source(gen, what), NETWORK_SOURCE])

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instances import INSTANCES, SKETCHES  # noqa: E402
 
 from taccl.baselines import BASELINES, applicable, build  # noqa: E402
-from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM  # noqa: E402
+from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, target_shortfall  # noqa: E402
 from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
 from taccl.lowering import lower  # noqa: E402
@@ -88,8 +88,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
         bb = min(base.items(), key=lambda kv: kv[1][k]) if base else None
         opt = (allreduce_optimum(topo, s) if collective.name == "allreduce"
                else lower_bound(topo, collective.name, s, root=collective.root or 0))
-        ok = bs is not None and (bb is None or bs[1][k] <= bb[1][k] * (1 + 1e-9)) and (
-            (bb is not None and bb[1][k] / bs[1][k] >= TARGET_SPEEDUP) or bs[1][k] / opt <= TARGET_VS_OPTIMUM)
+        ok = target_shortfall(bs[1][k] if bs else None, bb[1][k] if bb else None, opt) is None
         met += ok
         total += 1
         print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>18} "

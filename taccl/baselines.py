@@ -38,6 +38,7 @@ from __future__ import annotations
 from .collectives import ALIASES
 from .dsl import DSLProgram
 from .errors import UserError
+from .lowering import DEFAULT_MAX_STEPS
 from .program import Program
 
 __all__ = ["BASELINES", "build", "build_dsl", "applicable", "ring_order", "node_cycle"]
@@ -407,7 +408,7 @@ def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instan
     of 64 steps per thread block (see `REFERENCE_MAX_STEPS`)."""
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup)
     return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs,
-                      max_steps=REFERENCE_MAX_STEPS if reference else 64)
+                      max_steps=REFERENCE_MAX_STEPS if reference else DEFAULT_MAX_STEPS)
 
 
 def applicable(name: str, topology, collective_name: str) -> bool:

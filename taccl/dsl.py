@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .collectives import Collective, make_collective
 from .errors import UserError
-from .lowering import LoweringOptions, lower_ops
+from .lowering import DEFAULT_MAX_STEPS, LoweringOptions, lower_ops
 from .lowering.ops import COPY, REDUCE, ChunkOp
 from .program import Buf, Program
 
@@ -172,7 +172,8 @@ class DSLProgram:
         return out
 
     def lower(self, *, instances: int = 1, proto: str = "Simple", min_bytes: int = 0, max_bytes: int = 0,
-              max_tbs: int = 108, fuse: bool = True, check: bool = True, max_steps: int = 64) -> Program:
+              max_tbs: int = 108, fuse: bool = True, check: bool = True,
+              max_steps: int = DEFAULT_MAX_STEPS) -> Program:
         """Lower through `taccl.lowering` and prove with the checker (steps per thread block up to
         `max_steps`: the executor's default build allows 64)."""
         if not self._ops:

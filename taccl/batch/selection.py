@@ -140,20 +140,28 @@ TARGET_SPEEDUP = 1.1
 TARGET_VS_OPTIMUM = 1.1
 
 
+def target_shortfall(syn: float | None, base: float | None, opt: float | None) -> str | None:
+    """Why the best synthesized time `syn` misses the target against the best baseline `base` and the
+    optimum `opt` (None: meets it)."""
+    if syn is None:
+        return "no synthesized program"
+    if base is not None and syn > base * (1 + 1e-9):
+        return f"best synthesized {syn:.1f} us is slower than the best baseline {base:.1f} us"
+    if (base is None or base / syn < TARGET_SPEEDUP) and (opt is None or syn / opt > TARGET_VS_OPTIMUM):
+        sp = f"{base / syn:.2f}x the best baseline" if base else "no baseline"
+        return f"{sp}, {syn / opt:.2f}x the optimum" if opt else sp
+    return None
+
+
 def _shortfalls(g: Group) -> list:
     ok = [c for c in g.contenders if c.status == "ok"]
     out = []
     for i, size in enumerate(g.sizes):
-        syn = min((c.time_us[i] for c in ok if c.kind == "synthesized"), default=None)
-        base = min((c.time_us[i] for c in ok if c.kind == "baseline"), default=None)
-        opt = g.optimum_us[i] if g.optimum_us else None
-        if syn is None:
-            out.append((size, "no synthesized program"))
-        elif base is not None and syn > base * (1 + 1e-9):
-            out.append((size, f"best synthesized {syn:.1f} us is slower than the best baseline {base:.1f} us"))
-        elif (base is None or base / syn < TARGET_SPEEDUP) and (opt is None or syn / opt > TARGET_VS_OPTIMUM):
-            sp = f"{base / syn:.2f}x the best baseline" if base else "no baseline"
-            out.append((size, f"{sp}, {syn / opt:.2f}x the optimum" if opt else sp))
+        why = target_shortfall(min((c.time_us[i] for c in ok if c.kind == "synthesized"), default=None),
+                               min((c.time_us[i] for c in ok if c.kind == "baseline"), default=None),
+                               g.optimum_us[i] if g.optimum_us else None)
+        if why:
+            out.append((size, why))
     return out
 
 
@@ -288,11 +296,8 @@ def _file_name(w: Window) -> str:
     return f"{w.collective}-{w.ranks}r-{w.index:02d}-{format_size(w.min_bytes)}-{hi}-{safe}.xml"
 
 
-EXECUTOR_MAX_STEPS = 64  # MSCCL_MAX_NUM_STEPS of a default executor build
-
-
 def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
-    from ..lowering import serve_inplace, write_program
+    from ..lowering import DEFAULT_MAX_STEPS, serve_inplace, write_program
     from ..xmlio import parse_xml
 
     outdir = Path(outdir)
@@ -308,11 +313,11 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
                 continue
             record = store.get(by_label[w.winner].key)
             program = parse_xml(record["xml"]).program
-            if w.kind == "baseline" and program.max_steps > EXECUTOR_MAX_STEPS:
+            if w.kind == "baseline" and program.max_steps > DEFAULT_MAX_STEPS:
                 # NCCL's own ring: as a program it needs more steps per thread block than the executor runs
                 w.note = (w.note + "; " if w.note else "") + (
                     f"left to NCCL: as a program it needs {program.max_steps} steps per thread block, more than "
-                    f"the executor's {EXECUTOR_MAX_STEPS}")
+                    f"the executor's {DEFAULT_MAX_STEPS}")
                 continue
             program.min_bytes, program.max_bytes = w.min_bytes, w.max_bytes
             program.name = f"{selection.sku} {w.winner}"[:255]

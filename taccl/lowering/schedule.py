@@ -305,21 +305,16 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     workers = {}  # rank -> its local-only thread blocks
     for (rank, _), group in sorted(groups.items(), key=lambda kv: kv[1][0].pos):
         reduction = any(i.type is StepType.REDUCE for i in group)
-        host = _forwarding_block(group, step_cap) if reduction else None
-        if host is not None:
-            for ins in group:
-                host.instrs.append(ins)
-                host.nsteps += 1
-                ins.tb, ins.ch = host, host.ch
-            continue
-        pool = workers.setdefault(rank, []) if reduction else by_rank.get(rank, [])
-        cands = [tb for tb in pool if tb.nsteps + len(group) <= step_cap]
-        if cands:
-            tb = min(cands, key=lambda t: t.nsteps)
-        else:
-            tb = TB(rank, 0)
-            st.tbs.append(tb)
-            (pool if reduction else by_rank.setdefault(rank, [])).append(tb)
+        tb = _forwarding_block(group, step_cap) if reduction else None
+        if tb is None:
+            pool = workers.setdefault(rank, []) if reduction else by_rank.setdefault(rank, [])
+            cands = [b for b in pool if b.nsteps + len(group) <= step_cap]
+            if cands:
+                tb = min(cands, key=lambda b: b.nsteps)
+            else:
+                tb = TB(rank, 0)
+                st.tbs.append(tb)
+                pool.append(tb)
         for ins in group:
             tb.instrs.append(ins)
             tb.nsteps += 1
@@ -334,10 +329,9 @@ def _forwarding_block(group: list, step_cap: int):
     """The thread block of the one send that consumes this local reduction, if the fold can go right before
     it there: no other step of that block between the two, room for the steps; else None."""
     members = {id(i) for i in group}
-    consumers = [d for i in group for d in i.dependents
-                 if id(d) not in members and not d.dead and d.tb is not None]
-    if not consumers or any(d.send_peer < 0 for d in consumers):
-        return None
+    consumers = [d for i in group for d in i.dependents if id(d) not in members and not d.dead]
+    if not consumers or any(d.send_peer < 0 or d.tb is None for d in consumers):
+        return None  # a local step (not placed yet) or a plain receive also waits for the sum
     tbs = {id(d.tb) for d in consumers}
     if len(tbs) != 1:
         return None
