@@ -1,5 +1,6 @@
 """The synthesizer on small cases whose optimum is derived by hand, plus combining collectives and determinism."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -129,7 +130,7 @@ def test_symmetry_reduces_the_model(tmp_path):
 def test_reference_profile_costs_scale_with_chunk_size():
     from taccl.topology import load_spec
 
-    spec = load_spec("../shared/data/taccl-examples/topo-ndv2-1MB.json")
+    spec = load_spec(str(Path(__file__).resolve().parent / "data" / "reference-taccl" / "topo-ndv2-1MB.json"))
     topo = Topology(spec, 2)
     link = topo.link(0, 3)  # a double NVLink: 23 us for a 1 MB chunk
     assert link.cost_us(10**6) == pytest.approx(0.3 + 23.0)
