@@ -11,7 +11,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import UserError
+from .errors import TacclError, UserError
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
@@ -51,7 +51,11 @@ def load_schema(name: str) -> dict:
 
 def validate(doc, schema_name: str, *, path: str | None = None) -> None:
     """Validate `doc` against `taccl/schemas/<schema_name>`; report the first (deepest) problem."""
-    import jsonschema
+    try:
+        import jsonschema
+    except ImportError as exc:  # a broken install, not bad input: say what to install
+        raise TacclError("the Python package jsonschema is missing (a dependency of taccl): "
+                         "pip install jsonschema") from exc
 
     schema = load_schema(schema_name)
     validator = jsonschema.Draft202012Validator(schema)

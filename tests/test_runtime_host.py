@@ -189,3 +189,24 @@ def test_cli_errors_have_exit_codes():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     r = _cli(DATA / "direct_alltoall_4.xml", "--inplace", "--size", "1K")
     assert r.returncode == 2 and "not for in-place" in r.stderr
+
+
+def test_runtime_sweep_checks_every_case(tmp_path):
+    """benchmarks/runtime_sweep.py (the correctness sweep run on a lent GPU) on the host backend: every
+    program x type x mode x size checked, rounded sizes, a JSON record per run, exit 0 only when all are
+    right."""
+    out = tmp_path / "runs.json"
+    files = [str(DATA / "ring_allreduce_4.xml"), str(DATA / "ring_allgather_4.xml")]
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime_sweep.py"), "--sizes", "1000,4KiB",
+                        "--dtypes", "float32,bfloat16", "--iters", "2", "--json", str(out), *files],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 wrong, 0 deadlocked, 0 failed" in r.stdout
+    import json
+    runs = json.loads(out.read_text())
+    assert {x["status"] for x in runs} == {"ok"}
+    assert {x["bytes"] for x in runs if x["program"] == "ring_allreduce_4.xml" and x["dtype"] == "float32"} \
+        == {1024, 4096}  # 1000 B rounded up to a multiple of 8 chunks x 4 bytes
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime_sweep.py"), "--dtypes", "float33",
+                          files[0]], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown dtype" in bad.stderr

@@ -71,3 +71,56 @@ def test_cuda_backend_compiles_when_nvcc_present():
         pytest.skip("nvcc not found")
     _make("cuda")
     assert (RT / "build" / "libtaccl_runtime_cuda.so").is_file()
+
+
+def _cuda_binutil(name: str) -> str | None:
+    """cuobjdump/nvdisasm from the CUDA toolkit, else from NVIDIA's PyPI wheels (a test dependency)."""
+    found = shutil.which(name) or (f"/usr/local/cuda/bin/{name}" if Path(f"/usr/local/cuda/bin/{name}").exists() else None)
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in map(Path, nvidia.__path__):
+        for p in sorted(base.glob(f"cu*/bin/{name}")):
+            return str(p)
+    return None
+
+
+def test_cuda_kernel_code_moves_16_byte_packs_without_spills():
+    """The compiled interpreter kernel: 128-bit global loads and stores in its data loops, no local memory
+    (spills), and no more fences than its posts and abort paths need (a release fence per post, not one
+    per thread per step)."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    cuobjdump, nvdisasm = _cuda_binutil("cuobjdump"), _cuda_binutil("nvdisasm")
+    if not (nvcc and cuobjdump and nvdisasm):
+        pytest.skip("needs nvcc, cuobjdump and nvdisasm")
+    _make("cuda")
+    obj = str(RT / "build" / "cuda" / "cuda_backend.o")
+    env = dict(os.environ, NVDISASM_PATH=str(Path(nvdisasm).parent))
+    res = subprocess.run([cuobjdump, "-res-usage", obj], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    usage = [line for line in res.stdout.splitlines() if "REG:" in line]
+    assert usage and all("LOCAL:0 " in line for line in usage), [u for u in usage if "LOCAL:0 " not in u][:3]
+    sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, env=env, timeout=300)
+    assert sass.returncode == 0, sass.stderr[-2000:]
+    kernels, arch, current = {}, "", None  # (arch, kernel) -> its SASS
+    for line in sass.stdout.splitlines():
+        if "arch = sm_" in line:
+            arch, current = line.split("=")[1].strip(), None
+        elif "Function : " in line:
+            current = (arch, line.split("Function : ")[1].strip())
+            kernels[current] = ""
+        elif current:
+            kernels[current] += line + "\n"
+    checked = 0
+    for (arch, name), code in kernels.items():
+        if "interpreterKernel" not in name:
+            continue
+        fences = code.count("MEMBAR")
+        assert fences <= 8, f"{arch} {name}: {fences} fences"
+        if "interpreterKernelIfNS_5OpSum" in name or "interpreterKernelIN5taccl3f16ENS_5OpSum" in name:
+            assert code.count("LDG.E.128") >= 2 and code.count("STG.E.128") >= 2, (arch, name)
+            checked += 1
+    assert checked >= 2, sorted(kernels)[:5]  # float and float16 sum, for every architecture built

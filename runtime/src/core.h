@@ -9,11 +9,17 @@
 //       if hasdep: publish (tile, step) in this block's flag.
 //
 // A backend B is a policy type supplying:
-//   int tid(), nthreads()                 threads of one block cooperating on a call (host: 0, 1)
-//   bool waitGE(uint64_t* p, uint64_t v, const WaitInfo&)  block until *p >= v; false = aborted
-//   void publish(uint64_t* p, uint64_t v)  release-store v, after every thread's data writes
-//   void beginWork(), endWork()            barriers around the data loop
-//   template <class T> static T load(const T* p)  a load that sees other blocks' published writes
+//   bool waitGE(const uint64_t* p, uint64_t v, bool sys, const WaitInfo&, uint64_t& seen)
+//        block until *p >= v and store the value read in `seen` (every thread of the block gets it);
+//        false = aborted. `sys`: the writer may be on another GPU (else it is on this one, and a backend
+//        may use a narrower scope)
+//   void post(uint64_t* p1, uint64_t v1, uint64_t* p2, uint64_t v2, bool sys)
+//        after every thread's writes, release-store v1 to p1 and v2 to p2 (either may be null); one
+//        release covers both
+//   void endWork()                               barrier after the data loop, before a post
+//   template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n)
+//        x = a[i] (b null) or Op(a[i], b[i]); write x to d1[i] and/or d2[i] (either may be null).
+//        Its loads must see other blocks' published writes (they may sit in another SM's or GPU's cache)
 #pragma once
 #include <stdint.h>
 
@@ -55,11 +61,21 @@ struct Step {
 
 // One connection (channel, sender rank -> receiver rank): a FIFO of nslots calls. Exactly one thread block
 // sends on it and one receives from it (rule 1), so the counters have a single writer each.
+// Each side polls only a counter in its own memory: head and data live with the receiver, tail with the
+// sender; the other side writes them.
 struct Conn {
   uint64_t* head;  // calls written by the sender
   uint64_t* tail;  // calls consumed by the receiver
   char* data;      // nslots * slotBytes, lives with the receiver
-  int sendRank, recvRank, chan, pad;
+  int sendRank, recvRank, chan;
+  int local;       // both ends on one GPU: ordering at GPU scope is enough
+};
+
+// A block's view of its (at most one) receive and one send connection: calls done, and the last value
+// seen of the other side's counter, so that a wait reads remote-written memory only when it must.
+struct ConnState {
+  uint64_t rcnt = 0, scnt = 0;          // calls received / sent so far
+  uint64_t headSeen = 0, tailSeen = 0;  // last values read of the receive head and the send tail
 };
 
 struct TbLaunch {
@@ -95,44 +111,52 @@ struct LaunchArgs {
   int M;               // max chunks per call
 };
 
+// One element loop of a primitive, for a backend without a faster one (the host backend): x = a[i] or
+// Op(a[i], b[i]), written to d1 and/or d2.
+template <class B, class T, class Op>
+TACCL_HD void scalarMove(const T* a, const T* b, T* d1, T* d2, int64_t first, int64_t n, int64_t stride) {
+  for (int64_t i = first; i < n; i += stride) {
+    const T x = b ? Op::apply(B::load(a + i), B::load(b + i)) : B::load(a + i);
+    if (d1) d1[i] = x;
+    if (d2) d2[i] = x;
+  }
+}
+
 template <class B, class T, class Op>
 struct Interpreter {
   // One primitive call: wait for the FIFOs, move or reduce n elements, post the FIFOs.
-  TACCL_HD static bool genericOp(B& be, const LaunchArgs& a, const TbLaunch& tb, int type, uint64_t& rcnt,
-                                 uint64_t& scnt, const T* src, T* dst, int64_t n, int step, int64_t iter) {
+  TACCL_HD static bool genericOp(B& be, const LaunchArgs& a, const TbLaunch& tb, int type, ConnState& cs,
+                                 const T* src, T* dst, int64_t n, int step, int64_t iter) {
     const bool doRecv = stepRecvs(type), doSend = stepSends(type);
     const T* in = nullptr;
     T* out = nullptr;
     Conn* rc = doRecv ? &a.conns[tb.recvConn] : nullptr;
     Conn* sc = doSend ? &a.conns[tb.sendConn] : nullptr;
     if (doRecv) {
-      WaitInfo w{WAIT_RECV, step, tb.recvPeer, 0, iter, rcnt + 1};
-      if (!be.waitGE(rc->head, rcnt + 1, w)) return false;
-      in = (const T*)(rc->data + (int64_t)(rcnt % (uint64_t)a.nslots) * a.slotBytes);
+      if (cs.headSeen < cs.rcnt + 1) {
+        WaitInfo w{WAIT_RECV, step, tb.recvPeer, 0, iter, cs.rcnt + 1};
+        if (!be.waitGE(rc->head, cs.rcnt + 1, !rc->local, w, cs.headSeen)) return false;
+      }
+      in = (const T*)(rc->data + (int64_t)(cs.rcnt % (uint64_t)a.nslots) * a.slotBytes);
     }
     if (doSend) {
       // The FIFO holds nslots calls: call number scnt may be written once call scnt - nslots was consumed.
-      if (scnt >= (uint64_t)a.nslots) {
-        WaitInfo w{WAIT_SEND, step, tb.sendPeer, 0, iter, scnt - a.nslots + 1};
-        if (!be.waitGE(sc->tail, scnt - a.nslots + 1, w)) return false;
+      if (cs.scnt >= (uint64_t)a.nslots && cs.tailSeen < cs.scnt - a.nslots + 1) {
+        WaitInfo w{WAIT_SEND, step, tb.sendPeer, 0, iter, cs.scnt - a.nslots + 1};
+        if (!be.waitGE(sc->tail, cs.scnt - a.nslots + 1, !sc->local, w, cs.tailSeen)) return false;
       }
-      out = (T*)(sc->data + (int64_t)(scnt % (uint64_t)a.nslots) * a.slotBytes);
+      out = (T*)(sc->data + (int64_t)(cs.scnt % (uint64_t)a.nslots) * a.slotBytes);
     }
-    be.beginWork();
-    for (int64_t i = be.tid(); i < n; i += be.nthreads()) {
-      T x;
-      switch (type) {
-        case ST_SEND: case ST_CPY: x = B::load(src + i); break;
-        case ST_RECV: case ST_RCS: x = B::load(in + i); break;
-        case ST_RE: x = Op::apply(B::load(dst + i), B::load(src + i)); break;
-        default: x = Op::apply(B::load(in + i), B::load(src + i)); break;  // rrs, rrc, rrcs
-      }
-      if (stepWritesDst(type)) dst[i] = x;
-      if (doSend) out[i] = x;
-    }
+    // The primitive as one move: source a (and b for a reduction), destinations d1 (the step's dst) and d2
+    // (the send slot).
+    const T* ma = in;
+    const T* mb = stepReduces(type) ? src : nullptr;
+    if (type == ST_SEND || type == ST_CPY) ma = src;
+    else if (type == ST_RE) ma = dst;
+    be.template move<T, Op>(ma, mb, stepWritesDst(type) ? dst : nullptr, out, n);
     be.endWork();
-    if (doRecv) be.publish(rc->tail, ++rcnt);
-    if (doSend) be.publish(sc->head, ++scnt);
+    const bool sys = (doRecv && !rc->local) || (doSend && !sc->local);
+    be.post(doRecv ? rc->tail : nullptr, doRecv ? ++cs.rcnt : 0, doSend ? sc->head : nullptr, doSend ? ++cs.scnt : 0, sys);
     return true;
   }
 
@@ -141,7 +165,7 @@ struct Interpreter {
     const TbLaunch tb = a.tbs[g];
     T* bufs[3];
     for (int k = 0; k < 3; ++k) bufs[k] = (T*)a.bufs[tb.rank * 3 + k];
-    uint64_t rcnt = 0, scnt = 0;
+    ConnState cs;
     int64_t iter = 0;
     for (int64_t gridOffset = 0; gridOffset < a.S; gridOffset += a.C, ++iter) {
       const int64_t nelem = a.S - gridOffset < a.C ? a.S - gridOffset : a.C;
@@ -150,17 +174,19 @@ struct Interpreter {
         if (st.depid >= 0) {
           const uint64_t want = (uint64_t)iter * kMaxSteps + (uint64_t)st.deps + 1;
           WaitInfo w{WAIT_DEP, s, st.depid, st.deps, iter, want};
-          if (!be.waitGE(&a.flags[(int64_t)(tb.flagBase + st.depid) * kCounterStride], want, w)) return false;
+          uint64_t seen;
+          if (!be.waitGE(&a.flags[(int64_t)(tb.flagBase + st.depid) * kCounterStride], want, false, w, seen)) return false;
         }
         if (st.type != ST_NOP) {
           for (int c = 0; c < st.cnt; c += a.M) {
             const int k = st.cnt - c < a.M ? st.cnt - c : a.M;
             const T* src = stepReadsSrc(st.type) ? bufs[st.srcbuf] + (int64_t)(st.srcoff + c) * a.S + gridOffset : nullptr;
             T* dst = stepWritesDst(st.type) ? bufs[st.dstbuf] + (int64_t)(st.dstoff + c) * a.S + gridOffset : nullptr;
-            if (!genericOp(be, a, tb, st.type, rcnt, scnt, src, dst, (int64_t)k * nelem, s, iter)) return false;
+            if (!genericOp(be, a, tb, st.type, cs, src, dst, (int64_t)k * nelem, s, iter)) return false;
           }
         }
-        if (st.hasdep) be.publish(&a.flags[(int64_t)tb.flag * kCounterStride], (uint64_t)iter * kMaxSteps + s + 1);
+        if (st.hasdep)
+          be.post(&a.flags[(int64_t)tb.flag * kCounterStride], (uint64_t)iter * kMaxSteps + s + 1, nullptr, 0, false);
       }
     }
     return true;

@@ -6,9 +6,11 @@
 // peer access. Per-block flags live on the block's GPU. A block that waits longer than the timeout sets a
 // shared abort flag (host-mapped memory, visible to every GPU) and records what it waited for, so the host
 // can report the same message as the host backend.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <chrono>
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -17,7 +19,10 @@
 namespace taccl {
 namespace {
 
-constexpr int kThreads = 256;
+// Threads of a block: the most of these that lets every block of the grid be co-resident (cooperative
+// launch). More threads keep more bytes in flight per connection.
+constexpr int kMaxThreads = 512;
+constexpr int kThreadChoices[] = {512, 256, 128};
 
 struct DevCtl {
   volatile int* abort;    // host-mapped, shared by all GPUs
@@ -33,60 +38,169 @@ __device__ __forceinline__ unsigned long long globalTimer() {
   return t;
 }
 
-struct DeviceBackend {
-  DevCtl ctl;
-  int g;
+// Counters: a FIFO head or tail may be written by another GPU (system scope, unless both ends of the
+// connection share a GPU); dependency flags are written and read by blocks of one rank, on one GPU.
+__device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p, bool sys) {
+  uint64_t v;
+  if (sys) asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  else asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// The counter store of a post: relaxed, after the posting thread's release fence (which follows the block
+// barrier that orders every thread's data writes before it).
+__device__ __forceinline__ void storeRelaxed(uint64_t* p, uint64_t v, bool sys) {
+  if (sys) asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+  else asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
 
-  __host__ __device__ int tid() const {
-#ifdef __CUDA_ARCH__
-    return threadIdx.x;
-#else
-    return 0;
-#endif
-  }
-  __host__ __device__ int nthreads() const {
-#ifdef __CUDA_ARCH__
-    return blockDim.x;
-#else
-    return 1;
-#endif
-  }
-  __host__ __device__ void beginWork() {
-#ifdef __CUDA_ARCH__
-    __syncthreads();
-#endif
-  }
-  // Why the system fence: the data just written may be a peer GPU's FIFO slot, and the counter published
-  // next must not overtake it over NVLink/PCIe.
-  __host__ __device__ void endWork() {
-#ifdef __CUDA_ARCH__
-    __threadfence_system();
-    __syncthreads();
-#endif
-  }
-  // Volatile loads bypass L1, which is not coherent with other SMs' or GPUs' writes (a FIFO slot is reused
-  // every nslots calls, and a dependency's data was written by another block).
-  template <class T> __host__ __device__ static T load(const T* p) {
-#ifdef __CUDA_ARCH__
+// Data loads bypass L1, which is not coherent with other SMs' or GPUs' writes (a FIFO slot is reused every
+// nslots calls, and a dependency's data was written by another block).
+__device__ __forceinline__ uint4 loadPack(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void storePack(uint4* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+struct DeviceLoads {  // the scalar load scalarMove uses on the GPU
+  template <class T> __device__ static T load(const T* p) {
     T v;
     if (sizeof(T) == 1) { uint8_t x = *(const volatile uint8_t*)p; memcpy(&v, &x, 1); }
     else if (sizeof(T) == 2) { uint16_t x = *(const volatile uint16_t*)p; memcpy(&v, &x, 2); }
     else if (sizeof(T) == 4) { uint32_t x = *(const volatile uint32_t*)p; memcpy(&v, &x, 4); }
     else { uint64_t x = *(const volatile uint64_t*)p; memcpy(&v, &x, 8); }
     return v;
-#else
-    return *p;
-#endif
   }
-  __host__ __device__ bool waitGE(uint64_t* p, uint64_t v, const WaitInfo& w) {
-#ifdef __CUDA_ARCH__
+};
+
+// Op over the elements of two 16-byte packs. float16/bfloat16 sum and product use the native paired
+// instructions: one rounding of the exact result, which is what the host computes (float, then one
+// rounding: exact, as float has more than twice the significand bits plus two).
+template <class T, class Op> struct PackOp {
+  __device__ static uint4 apply(uint4 x, uint4 y) {
+    constexpr int E = 16 / sizeof(T);
+    T a[E], b[E];
+    memcpy(a, &x, 16);
+    memcpy(b, &y, 16);
+#pragma unroll
+    for (int e = 0; e < E; ++e) a[e] = Op::apply(a[e], b[e]);
+    memcpy(&x, a, 16);
+    return x;
+  }
+};
+#define TACCL_HALF2_PACK(T, OP, H2, FN)                             \
+  template <> struct PackOp<T, OP<T>> {                             \
+    __device__ static uint4 apply(uint4 x, uint4 y) {               \
+      H2 a[4], b[4];                                                \
+      memcpy(a, &x, 16);                                            \
+      memcpy(b, &y, 16);                                            \
+      _Pragma("unroll") for (int e = 0; e < 4; ++e) a[e] = FN(a[e], b[e]); \
+      memcpy(&x, a, 16);                                            \
+      return x;                                                     \
+    }                                                               \
+  };
+TACCL_HALF2_PACK(f16, OpSum, __half2, __hadd2)
+TACCL_HALF2_PACK(f16, OpProd, __half2, __hmul2)
+TACCL_HALF2_PACK(bf16, OpSum, __nv_bfloat162, __hadd2)
+TACCL_HALF2_PACK(bf16, OpProd, __nv_bfloat162, __hmul2)
+#undef TACCL_HALF2_PACK
+// 8-bit integers: four lanes per 32-bit word with the SIMD video instructions (sums wrap, as on the host).
+#define TACCL_BYTE4_PACK(T, OP, FN)                                                   \
+  template <> struct PackOp<T, OP<T>> {                                               \
+    __device__ static uint4 apply(uint4 x, uint4 y) {                                 \
+      return make_uint4(FN(x.x, y.x), FN(x.y, y.y), FN(x.z, y.z), FN(x.w, y.w));      \
+    }                                                                                 \
+  };
+TACCL_BYTE4_PACK(int8_t, OpSum, __vadd4)
+TACCL_BYTE4_PACK(uint8_t, OpSum, __vadd4)
+TACCL_BYTE4_PACK(int8_t, OpMin, __vmins4)
+TACCL_BYTE4_PACK(int8_t, OpMax, __vmaxs4)
+TACCL_BYTE4_PACK(uint8_t, OpMin, __vminu4)
+TACCL_BYTE4_PACK(uint8_t, OpMax, __vmaxu4)
+#undef TACCL_BYTE4_PACK
+
+// The data loop of one primitive: 16-byte packs, four loads in flight per thread (four packs of a copy, two
+// pairs of a reduction), issued before any store. Pointers that share their offset modulo 16 start with a scalar head up to the first aligned
+// pack; a scalar tail finishes. Pointers with different offsets modulo 16 take the scalar loop.
+template <class T, class Op, bool Reduce, bool D1, bool D2>
+__device__ __forceinline__ void movePacks(const T* a, const T* b, T* d1, T* d2, int64_t n) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const uintptr_t mis = (uintptr_t)a & 15;
+  if ((Reduce && ((uintptr_t)b & 15) != mis) || (D1 && ((uintptr_t)d1 & 15) != mis) ||
+      (D2 && ((uintptr_t)d2 & 15) != mis)) {
+    scalarMove<DeviceLoads, T, Op>(a, b, d1, d2, tid, n, nt);
+    return;
+  }
+  constexpr int E = 16 / sizeof(T);
+  const int64_t head = mis ? ((int64_t)((16 - mis) / sizeof(T)) < n ? (int64_t)((16 - mis) / sizeof(T)) : n) : 0;
+  const int64_t npacks = (n - head) / E;
+  const int64_t tailStart = head + npacks * E;
+  scalarMove<DeviceLoads, T, Op>(a, b, d1, d2, tid, head, nt);
+  scalarMove<DeviceLoads, T, Op>(a + tailStart, b ? b + tailStart : nullptr, D1 ? d1 + tailStart : nullptr,
+                                 D2 ? d2 + tailStart : nullptr, tid, n - tailStart, nt);
+  const uint4* pa = (const uint4*)(a + head);
+  const uint4* pb = Reduce ? (const uint4*)(b + head) : nullptr;
+  uint4* p1 = D1 ? (uint4*)(d1 + head) : nullptr;
+  uint4* p2 = D2 ? (uint4*)(d2 + head) : nullptr;
+  constexpr int kUnroll = Reduce ? 2 : 4;
+  int64_t p = tid;
+  for (; p + (int64_t)(kUnroll - 1) * nt < npacks; p += (int64_t)kUnroll * nt) {
+    uint4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = loadPack(pa + p + u * nt);
+    if (Reduce) {
+      uint4 y[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) y[u] = loadPack(pb + p + u * nt);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) x[u] = PackOp<T, Op>::apply(x[u], y[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (D1) storePack(p1 + p + u * nt, x[u]);
+      if (D2) storePack(p2 + p + u * nt, x[u]);
+    }
+  }
+  for (; p < npacks; p += nt) {
+    uint4 x = loadPack(pa + p);
+    if (Reduce) x = PackOp<T, Op>::apply(x, loadPack(pb + p));
+    if (D1) storePack(p1 + p, x);
+    if (D2) storePack(p2 + p, x);
+  }
+}
+
+struct DeviceBackend {
+  DevCtl ctl;
+  int g;
+
+  __device__ void endWork() { __syncthreads(); }
+
+  template <class T, class Op>
+  __device__ void move(const T* a, const T* b, T* d1, T* d2, int64_t n) {
+    if (b) {
+      if (d1 && d2) movePacks<T, Op, true, true, true>(a, b, d1, d2, n);
+      else if (d1) movePacks<T, Op, true, true, false>(a, b, d1, d2, n);
+      else movePacks<T, Op, true, false, true>(a, b, d1, d2, n);
+    } else {
+      if (d1 && d2) movePacks<T, Op, false, true, true>(a, b, d1, d2, n);
+      else if (d1) movePacks<T, Op, false, true, false>(a, b, d1, d2, n);
+      else movePacks<T, Op, false, false, true>(a, b, d1, d2, n);
+    }
+  }
+
+  // Thread 0 polls with acquire loads; the block barrier hands the value (and the ordering) to the rest.
+  __device__ bool waitGE(const uint64_t* p, uint64_t v, bool sys, const WaitInfo& w, uint64_t& seen) {
     __shared__ int ok;
+    __shared__ uint64_t value;
     if (threadIdx.x == 0) {
       ok = 1;
-      if (*(volatile uint64_t*)p < v) {
+      uint64_t x = loadAcquire(p, sys);
+      if (x < v) {
         const unsigned long long start = globalTimer();
         unsigned spins = 0;
-        while (*(volatile uint64_t*)p < v) {
+        while ((x = loadAcquire(p, sys)) < v) {
           if ((++spins & 1023) == 0) {
             if (*ctl.abort) { ok = 0; break; }
             if (globalTimer() - start > ctl.timeoutNs) { *ctl.abort = 1; ok = 0; break; }
@@ -98,28 +212,25 @@ struct DeviceBackend {
           ctl.waitActive[g] = 1;
         }
       }
-      __threadfence();
+      value = x;
     }
     __syncthreads();
     const int r = ok;
-    __syncthreads();
+    seen = value;
+    __syncthreads();  // the shared words are rewritten by the next wait
     return r != 0;
-#else
-    return false;
-#endif
   }
-  __host__ __device__ void publish(uint64_t* p, uint64_t v) {
-#ifdef __CUDA_ARCH__
-    if (threadIdx.x == 0) {
-      __threadfence_system();
-      *(volatile uint64_t*)p = v;
-    }
-#endif
+  __device__ void post(uint64_t* p1, uint64_t v1, uint64_t* p2, uint64_t v2, bool sys) {
+    if (threadIdx.x != 0) return;
+    if (sys) asm volatile("fence.acq_rel.sys;" ::: "memory");
+    else asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    if (p1) storeRelaxed(p1, v1, sys);
+    if (p2) storeRelaxed(p2, v2, sys);
   }
 };
 
 template <class T, template <class> class Op>
-__global__ void __launch_bounds__(kThreads) interpreterKernel(LaunchArgs a, DevCtl ctl) {
+__global__ void __launch_bounds__(kMaxThreads, 2) interpreterKernel(LaunchArgs a, DevCtl ctl) {
   const int g = ctl.blockMap[blockIdx.x];
   DeviceBackend be{ctl, g};
   Interpreter<DeviceBackend, T, Op<T>>::runTb(be, a, g);
@@ -270,19 +381,21 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       if (plan.scratchElems[r] > 0) bufs[r * 3 + BUF_S] = (char*)al.alloc(dev, (size_t)plan.scratchElems[r] * plan.typeSize);
     }
     for (auto& st : stages) ck(cudaMemcpy(st.dev, st.host, st.bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-    // Connections on the receiver's GPU.
+    // Connections: head and data on the receiver's GPU, tail on the sender's.
     std::vector<Conn> conns(nconns);
     for (int c = 0; c < nconns; ++c) {
-      const int dev = devOf(plan.conns[c].recvRank);
-      uint64_t* ctr = (uint64_t*)al.alloc(dev, 2 * kCounterStride * sizeof(uint64_t));
-      char* data = (char*)al.alloc(dev, (size_t)plan.nslots * plan.slotBytes);
-      conns[c] = Conn{ctr, ctr + kCounterStride, data, plan.conns[c].sendRank, plan.conns[c].recvRank, plan.conns[c].chan, 0};
+      const int recvDev = devOf(plan.conns[c].recvRank), sendDev = devOf(plan.conns[c].sendRank);
+      uint64_t* head = (uint64_t*)al.alloc(recvDev, kCounterStride * sizeof(uint64_t));
+      uint64_t* tail = (uint64_t*)al.alloc(sendDev, kCounterStride * sizeof(uint64_t));
+      char* data = (char*)al.alloc(recvDev, (size_t)plan.nslots * plan.slotBytes);
+      conns[c] = Conn{head, tail, data, plan.conns[c].sendRank, plan.conns[c].recvRank, plan.conns[c].chan,
+                      recvDev == sendDev};
     }
     int* abortFlag = (int*)al.mapped(sizeof(int));
     WaitInfo* waits = (WaitInfo*)al.mapped(sizeof(WaitInfo) * (ntbs ? ntbs : 1));
     int* waitActive = (int*)al.mapped(sizeof(int) * (ntbs ? ntbs : 1));
     std::vector<cudaStream_t> streams(ndev, nullptr);
-    struct PerDev { LaunchArgs a; DevCtl ctl; int grid; };
+    struct PerDev { LaunchArgs a; DevCtl ctl; int grid, threads; cudaEvent_t start, stop; };
     std::vector<PerDev> per(ndev);
     for (int d = 0; d < ndev; ++d) {
       std::vector<int> map;
@@ -292,12 +405,17 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       if (map.empty()) continue;
       ck(cudaSetDevice(d), "cudaSetDevice");
       int perSM = 0, sms = 0, coop = 0;
-      ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, kernel, kThreads, 0), "cudaOccupancy");
       ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d), "cudaDeviceGetAttribute");
       ck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, d), "cudaDeviceGetAttribute");
+      for (int threads : kThreadChoices) {
+        ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, kernel, threads, 0), "cudaOccupancy");
+        per[d].threads = threads;
+        if ((int64_t)perSM * sms >= (int64_t)map.size()) break;
+      }
       if ((int64_t)perSM * sms < (int64_t)map.size())
         throw CudaFailure("GPU " + std::to_string(d) + " cannot hold " + std::to_string(map.size()) +
-                          " co-resident thread blocks (" + std::to_string(perSM) + " per SM x " + std::to_string(sms) + " SMs)");
+                          " co-resident thread blocks (" + std::to_string(perSM) + " per SM of " +
+                          std::to_string(per[d].threads) + " threads x " + std::to_string(sms) + " SMs)");
       LaunchArgs a{};
       a.steps = toDevice(al, d, plan.steps);
       a.tbs = toDevice(al, d, plan.tbs);
@@ -321,26 +439,40 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       per[d].a = a;
       per[d].ctl = ctl;
       ck(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking), "cudaStreamCreate");
+      ck(cudaEventCreate(&per[d].start), "cudaEventCreate");
+      ck(cudaEventCreate(&per[d].stop), "cudaEventCreate");
       if (!coop) throw CudaFailure("GPU " + std::to_string(d) + " does not support cooperative launch");
     }
-    for (int d = 0; d < ndev; ++d) ck((cudaSetDevice(d), cudaDeviceSynchronize()), "cudaDeviceSynchronize");
-    auto t0 = std::chrono::steady_clock::now();
+    for (int d = 0; d < ndev; ++d) {
+      ck(cudaSetDevice(d), "cudaSetDevice");
+      ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }
     for (int d = 0; d < ndev; ++d) {
       if (!per[d].grid) continue;
       ck(cudaSetDevice(d), "cudaSetDevice");
       void* args[] = {&per[d].a, &per[d].ctl};
-      ck(cudaLaunchCooperativeKernel((const void*)kernel, dim3(per[d].grid), dim3(kThreads), args, 0, streams[d]),
+      ck(cudaEventRecord(per[d].start, streams[d]), "cudaEventRecord");
+      ck(cudaLaunchCooperativeKernel((const void*)kernel, dim3(per[d].grid), dim3(per[d].threads), args, 0, streams[d]),
          "cudaLaunchCooperativeKernel");
+      ck(cudaEventRecord(per[d].stop, streams[d]), "cudaEventRecord");
     }
+    // The call's time: the longest kernel, timed by CUDA events on its GPU.
+    rep.elapsedUs = 0;
     for (int d = 0; d < ndev; ++d) {
       if (!streams[d]) continue;
       ck(cudaSetDevice(d), "cudaSetDevice");
       ck(cudaStreamSynchronize(streams[d]), "kernel");
+      float ms = 0;
+      ck(cudaEventElapsedTime(&ms, per[d].start, per[d].stop), "cudaEventElapsedTime");
+      rep.elapsedUs = std::max(rep.elapsedUs, ms * 1000.0);
     }
-    auto t1 = std::chrono::steady_clock::now();
-    rep.elapsedUs = std::chrono::duration<double, std::micro>(t1 - t0).count();
     for (int d = 0; d < ndev; ++d)
-      if (streams[d]) { cudaSetDevice(d); cudaStreamDestroy(streams[d]); }
+      if (streams[d]) {
+        cudaSetDevice(d);
+        cudaEventDestroy(per[d].start);
+        cudaEventDestroy(per[d].stop);
+        cudaStreamDestroy(streams[d]);
+      }
     if (*abortFlag) {
       std::ostringstream o;
       int n = 0;

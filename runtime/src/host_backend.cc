@@ -28,27 +28,27 @@ inline uint32_t* seqWord(uint64_t* counter) { return reinterpret_cast<uint32_t*>
 struct HostBackend {
   HostShared* sh;
   int g;
-  int tid() const { return 0; }
-  int nthreads() const { return 1; }
-  void beginWork() {}
   void endWork() {}
   template <class T> static T load(const T* p) { return *p; }
+  template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n) {
+    scalarMove<HostBackend, T, Op>(a, b, d1, d2, 0, n, 1);
+  }
 
-  bool waitGE(uint64_t* p, uint64_t v, const WaitInfo& w) {
-    std::atomic_ref<uint64_t> val(*p);
-    if (val.load(std::memory_order_acquire) >= v) return true;
+  bool waitGE(const uint64_t* p, uint64_t v, bool /*sys*/, const WaitInfo& w, uint64_t& seen) {
+    std::atomic_ref<uint64_t> val(*const_cast<uint64_t*>(p));
+    if ((seen = val.load(std::memory_order_acquire)) >= v) return true;
     for (int i = 0; i < 200; ++i) {  // short spin: the producer is often just behind
-      if (val.load(std::memory_order_acquire) >= v) return true;
+      if ((seen = val.load(std::memory_order_acquire)) >= v) return true;
       std::this_thread::yield();
     }
-    std::atomic_ref<uint32_t> seq(*seqWord(p));
+    std::atomic_ref<uint32_t> seq(*seqWord(const_cast<uint64_t*>(p)));
     sh->info[g] = w;
     sh->active[g].store(1, std::memory_order_release);
     sh->waiting.fetch_add(1);
     bool ok = true;
     for (;;) {
       uint32_t s = seq.load(std::memory_order_acquire);
-      if (val.load(std::memory_order_acquire) >= v) break;
+      if ((seen = val.load(std::memory_order_acquire)) >= v) break;
       if (sh->abort.load(std::memory_order_acquire)) { ok = false; break; }
       seq.wait(s, std::memory_order_acquire);
     }
@@ -63,6 +63,10 @@ struct HostBackend {
     seq.fetch_add(1, std::memory_order_acq_rel);
     seq.notify_all();
     sh->progress.fetch_add(1, std::memory_order_relaxed);
+  }
+  void post(uint64_t* p1, uint64_t v1, uint64_t* p2, uint64_t v2, bool /*sys*/) {
+    if (p1) publish(p1, v1);
+    if (p2) publish(p2, v2);
   }
 };
 

@@ -141,6 +141,7 @@ Case runCase(tacclRuntime* h, const tacclProgramInfo& info, int dt, int op, int6
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a row per line even into a pipe, so a killed run keeps its rows
   const char* xml = nullptr;
   int64_t minb = 1 << 10, maxb = 1 << 20;
   int factor = 2, warm = 2, iters = 5, dt = TACCL_FLOAT32, op = TACCL_SUM, backend = 0;

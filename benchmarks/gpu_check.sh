@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One command for a lent GPU machine (issue 14 part 3): build the CUDA backend from a clean tree, inspect the
+# compiled kernel, run the correctness sweep on the GPU, time the runtime against cudaMemcpy and run the
+# profiler. Every stage has its own time limit and its log goes to $OUT (default ./gpu-check-out), so a stage
+# that hangs still leaves what ran.
+#
+#   benchmarks/gpu_check.sh [PROGRAM_DIR...]          (default: gpu-inputs/*)
+#
+# Environment: SWEEP=0 skips the sweeps; LARGE="FILES" sweeps them at 256 MiB and 1 GiB; BENCH="FILES" runs
+# taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) and cudaMemcpy; PROFILE=1 runs `taccl profile
+# --quick`; SMALL_S, MEDIUM_S, LARGE_S, BENCH_S are the stages' time limits in seconds.
+set -uo pipefail
+OUT=${OUT:-gpu-check-out}
+mkdir -p "$OUT"
+DIRS=("$@")
+[ ${#DIRS[@]} -eq 0 ] && DIRS=(gpu-inputs/*)
+SWEEP_CMD="python3 benchmarks/runtime_sweep.py --backend cuda"
+log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
+# Run a sweep under a time limit; its table goes to $OUT/NAME.txt and its last line to the summary.
+sweep() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" $SWEEP_CMD "$@" > "$OUT/$name.txt" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  tail -1 "$OUT/$name.txt" | tee -a "$OUT/summary.txt"
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  nvcc --version | tail -2
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+log build
+make -C runtime clean > /dev/null
+CUDA_ARCHS=${CUDA_ARCHS:-90} timeout 300 make -C runtime -j16 build/libtaccl_runtime.so build/libtaccl_runtime_cuda.so \
+  build/taccl_bench_cuda > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+
+# What the data loop compiled to: 128-bit global loads and stores, fences, local memory.
+if command -v cuobjdump > /dev/null; then
+  cuobjdump -sass runtime/build/cuda/cuda_backend.o > "$OUT/sass-all.txt" 2>&1
+  awk '/Function : /{p = ($0 ~ /interpreterKernelIfNS_5OpSum/)} p' "$OUT/sass-all.txt" > "$OUT/sass-float-sum.txt"
+  rm "$OUT/sass-all.txt"
+  echo "float/sum kernel SASS: $(grep -c 'LDG.E.128' "$OUT/sass-float-sum.txt") LDG.E.128," \
+    "$(grep -c 'STG.E.128' "$OUT/sass-float-sum.txt") STG.E.128, $(grep -c 'MEMBAR' "$OUT/sass-float-sum.txt") MEMBAR," \
+    "$(grep -cE 'LDL|STL' "$OUT/sass-float-sum.txt") local loads/stores" | tee -a "$OUT/summary.txt"
+fi
+
+if [ "${SWEEP:-1}" = 1 ]; then
+  log "sweep: 1 KiB, 64 KiB, 1 MiB; float32, float16, bfloat16; in and out of place; 2 random inputs each"
+  sweep sweep-small "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB --dtypes float32,float16,bfloat16 --iters 2 "${DIRS[@]}"
+  log "sweep: 16 MiB float32"
+  sweep sweep-16m "${MEDIUM_S:-150}" --sizes 16MiB --dtypes float32 --iters 1 --only-outofplace "${DIRS[@]}"
+fi
+if [ -n "${LARGE:-}" ]; then
+  log "sweep: 256 MiB, 1 GiB float32 on $LARGE"
+  sweep sweep-large "${LARGE_S:-150}" --sizes 256MiB,1GiB --dtypes float32 --iters 1 --only-outofplace $LARGE
+fi
+
+if [ -n "${BENCH:-}" ]; then
+  log "taccl_bench on $BENCH"
+  for f in $BENCH; do
+    timeout "${BENCH_S:-60}" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 -e "${BENCH_MAX:-268435456}" -f 4 \
+      -w 2 -n 5 -c "${BENCH_CHECK:-1}" >> "$OUT/bench.txt" 2>&1
+  done
+  python3 - <<'PY' >> "$OUT/bench.txt" 2>&1
+import ctypes
+from taccl import runtime as trt
+lib = trt._lib(cuda=True)
+lib.tacclCudaMemcpyUs.restype = ctypes.c_int
+lib.tacclCudaMemcpyUs.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+for size in (1 << 10, 1 << 20, 1 << 28, 1 << 30):
+    us = ctypes.c_double()
+    if lib.tacclCudaMemcpyUs(size, 10, ctypes.byref(us)) == 0:
+        print(f"cudaMemcpy device to device {size:>12} B {us.value:10.1f} us {size / 1e3 / us.value:9.1f} GB/s")
+PY
+fi
+
+if [ -n "${PROFILE:-}" ]; then
+  log "taccl profile --quick"
+  make -C profiler NVCC="$(command -v nvcc)" > "$OUT/profiler-build.log" 2>&1
+  ( time timeout 300 python3 -m taccl.cli profile --quick --out "$OUT/profiled-topology.json" ) > "$OUT/profile.txt" 2>&1
+  tail -25 "$OUT/profile.txt"
+fi
+log done
