@@ -52,6 +52,37 @@ if [ "${SWEEP:-1}" = 1 ]; then
   log "sweep: 16 MiB float32"
   sweep sweep-16m "${MEDIUM_S:-150}" --sizes 16MiB --dtypes float32 --iters 1 --only-outofplace "${DIRS[@]}"
 fi
+# The device-buffer entry point (tacclRun) with the caller's own GPU buffers (CuPy), and a host pointer passed
+# as a device buffer, which must be refused with a message rather than fault the process.
+log "device buffers"
+timeout 60 python3 - > "$OUT/device-buffers.txt" 2>&1 <<'PY'
+import ctypes
+import cupy as cp
+from taccl import runtime as trt
+lib = trt._lib(cuda=True)
+P = ctypes.POINTER(ctypes.c_void_p)
+lib.tacclRun.restype = ctypes.c_int
+lib.tacclRun.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_int64, P, P, ctypes.c_int, ctypes.POINTER(trt._RunResult)]
+R, count = 8, 1 << 16
+with trt.Runtime(backend="cuda") as rt:
+    idx = rt.load("gpu-inputs/baselines/ring-allreduce-n1-Simple.xml")
+    inputs = trt.make_inputs("allreduce", "float32", "sum", R, count, seed=3)
+    ref = trt.reference("allreduce", "float32", "sum", inputs)
+    send = [cp.asarray(x) for x in inputs]
+    recv = [cp.zeros(count, cp.float32) for _ in range(R)]
+    arr = lambda ptrs: (ctypes.c_void_p * R)(*ptrs)
+    res = trt._RunResult()
+    st = lib.tacclRun(rt._h, idx, 2, 8, 0, R, count, arr([a.data.ptr for a in send]), arr([a.data.ptr for a in recv]),
+                      0, ctypes.byref(res))
+    wrong = sum(int((cp.asnumpy(recv[r]) != ref[r]).sum()) for r in range(R))
+    print(f"device buffers: status {st} outcome {res.outcome} wrong elements {wrong} time {res.elapsedUs:.1f} us")
+    st = lib.tacclRun(rt._h, idx, 2, 8, 0, R, count, arr([x.ctypes.data for x in inputs]),
+                      arr([a.data.ptr for a in recv]), 0, ctypes.byref(res))
+    print(f"host pointer as a device buffer: status {st} outcome {res.outcome}: {rt._error()}")
+PY
+cat "$OUT/device-buffers.txt" | tee -a "$OUT/summary.txt"
+
 if [ -n "${LARGE:-}" ]; then
   log "sweep: 256 MiB, 1 GiB float32 on $LARGE"
   sweep sweep-large "${LARGE_S:-150}" --sizes 256MiB,1GiB --dtypes float32 --iters 1 --only-outofplace $LARGE

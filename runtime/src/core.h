@@ -16,7 +16,14 @@
 //   void post(uint64_t* p1, uint64_t v1, uint64_t* p2, uint64_t v2, bool sys)
 //        after every thread's writes, release-store v1 to p1 and v2 to p2 (either may be null); one
 //        release covers both
-//   void endWork()                               barrier after the data loop, before a post
+//   bool endWork(bool ok)                        barrier after the data loop, before a post; returns
+//                                                whether `ok` held in every thread of the block
+//   static constexpr bool kLines                 the backend implements LL's line protocol:
+//   bool moveLines<T, Op>(a, aLines, b, d1, d2, n, inFlag, outFlag, const WaitInfo&)
+//        move() where a (when aLines) and d2 are FIFO slots of 16-byte lines, each 8 payload bytes and their
+//        call's flag twice: a line is read once its flags say it is there (no head counter, no fence);
+//        false = aborted while waiting
+//   void postRelaxed(uint64_t* p, uint64_t v, bool sys)   a credit store that needs no release
 //   template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n)
 //        x = a[i] (b null) or Op(a[i], b[i]); write x to d1[i] and/or d2[i] (either may be null).
 //        Its loads must see other blocks' published writes (they may sit in another SM's or GPU's cache)
@@ -109,6 +116,7 @@ struct LaunchArgs {
   int64_t S;           // elements per chunk
   int64_t C;           // tile elements
   int M;               // max chunks per call
+  int lines;           // LL on a backend with kLines: FIFO slots hold flagged lines (slotBytes = 2x payload)
 };
 
 // One element loop of a primitive, for a backend without a faster one (the host backend): x = a[i] or
@@ -132,8 +140,10 @@ struct Interpreter {
     T* out = nullptr;
     Conn* rc = doRecv ? &a.conns[tb.recvConn] : nullptr;
     Conn* sc = doSend ? &a.conns[tb.sendConn] : nullptr;
+    bool lines = false;
+    if constexpr (B::kLines) lines = a.lines != 0;
     if (doRecv) {
-      if (cs.headSeen < cs.rcnt + 1) {
+      if (!lines && cs.headSeen < cs.rcnt + 1) {
         WaitInfo w{WAIT_RECV, step, tb.recvPeer, 0, iter, cs.rcnt + 1};
         if (!be.waitGE(rc->head, cs.rcnt + 1, !rc->local, w, cs.headSeen)) return false;
       }
@@ -153,8 +163,22 @@ struct Interpreter {
     const T* mb = stepReduces(type) ? src : nullptr;
     if (type == ST_SEND || type == ST_CPY) ma = src;
     else if (type == ST_RE) ma = dst;
-    be.template move<T, Op>(ma, mb, stepWritesDst(type) ? dst : nullptr, out, n);
-    be.endWork();
+    T* d1 = stepWritesDst(type) ? dst : nullptr;
+    if constexpr (B::kLines) {
+      if (lines) {
+        // LL: the lines carry their own flags, so the sender posts nothing and the receiver only returns
+        // the slot (a credit: its reads are done, no data of its own to order).
+        WaitInfo w{WAIT_RECV, step, doRecv ? tb.recvPeer : -1, 0, iter, cs.rcnt + 1};
+        const bool ok = be.template moveLines<T, Op>(ma, doRecv, mb, d1, out, n, (uint32_t)(cs.rcnt + 1),
+                                                     (uint32_t)(cs.scnt + 1), w);
+        if (!be.endWork(ok)) return false;
+        if (doRecv) be.postRelaxed(rc->tail, ++cs.rcnt, !rc->local);
+        if (doSend) ++cs.scnt;
+        return true;
+      }
+    }
+    be.template move<T, Op>(ma, mb, d1, out, n);
+    be.endWork(true);
     const bool sys = (doRecv && !rc->local) || (doSend && !sc->local);
     be.post(doRecv ? rc->tail : nullptr, doRecv ? ++cs.rcnt : 0, doSend ? sc->head : nullptr, doSend ? ++cs.scnt : 0, sys);
     return true;

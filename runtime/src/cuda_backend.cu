@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <set>
+#include <thread>
 #include <sstream>
 #include <stdexcept>
 
@@ -171,11 +173,94 @@ __device__ __forceinline__ void movePacks(const T* a, const T* b, T* d1, T* d2, 
   }
 }
 
+// LL lines: 16 bytes = {payload bytes 0-3, flag, payload bytes 4-7, flag}, written by one 16-byte store. The
+// flag is repeated so that a reader that sees both halves with the call's flag has the whole payload.
+__device__ __forceinline__ void storeLine(uint4* p, uint64_t x, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"((uint32_t)x), "r"(flag),
+               "r"((uint32_t)(x >> 32)), "r"(flag) : "memory");
+}
+// Up to 8 payload bytes of a plain buffer: one 8-byte load when aligned and whole, else byte by byte (a
+// misaligned pointer or the last, partial line).
+__device__ __forceinline__ uint64_t loadPayload(const char* p, int bytes) {
+  if (bytes == 8 && ((uintptr_t)p & 7) == 0) return *(const volatile uint64_t*)p;
+  uint64_t x = 0;
+  for (int i = 0; i < bytes; ++i) x |= (uint64_t)*(const volatile uint8_t*)(p + i) << (8 * i);
+  return x;
+}
+__device__ __forceinline__ void storePayload(char* p, uint64_t x, int bytes) {
+  if (bytes == 8 && ((uintptr_t)p & 7) == 0) { *(uint64_t*)p = x; return; }
+  for (int i = 0; i < bytes; ++i) p[i] = (char)(x >> (8 * i));
+}
+template <class T, class Op> __device__ __forceinline__ uint64_t reducePayload(uint64_t x, uint64_t y) {
+  constexpr int E = 8 / sizeof(T);
+  T a[E], b[E];
+  memcpy(a, &x, 8);
+  memcpy(b, &y, 8);
+#pragma unroll
+  for (int e = 0; e < E; ++e) a[e] = Op::apply(a[e], b[e]);
+  memcpy(&x, a, 8);
+  return x;
+}
+
 struct DeviceBackend {
   DevCtl ctl;
   int g;
 
-  __device__ void endWork() { __syncthreads(); }
+  static constexpr bool kLines = true;
+
+  __device__ bool endWork(bool ok) { return __syncthreads_and(ok) != 0; }
+
+  // Wait (this thread alone) until a line carries `flag`; false when the run was aborted or timed out.
+  __device__ bool readLine(const uint4* p, uint32_t flag, const WaitInfo& w, uint64_t& x) {
+    uint4 v;
+    unsigned spins = 0;
+    unsigned long long start = 0;
+    for (;;) {
+      asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+      if (v.y == flag && v.w == flag) break;
+      if ((++spins & 1023) == 0) {
+        if (*ctl.abort) return false;
+        if (!start) start = globalTimer();
+        else if (globalTimer() - start > ctl.timeoutNs) {
+          *ctl.abort = 1;
+          ctl.waits[g] = w;
+          __threadfence_system();
+          ctl.waitActive[g] = 1;
+          return false;
+        }
+      }
+    }
+    x = (uint64_t)v.x | ((uint64_t)v.z << 32);
+    return true;
+  }
+
+  // move() with LL lines: each thread takes whole lines (8 payload bytes, whole elements since 8 is a
+  // multiple of every element size); a is a FIFO slot of lines when aLines, d2 always is.
+  template <class T, class Op>
+  __device__ bool moveLines(const T* a, bool aLines, const T* b, T* d1, T* d2, int64_t n, uint32_t inFlag,
+                            uint32_t outFlag, const WaitInfo& w) {
+    const int64_t bytes = n * (int64_t)sizeof(T);
+    const int64_t nlines = (bytes + 7) / 8;
+    for (int64_t k = threadIdx.x; k < nlines; k += blockDim.x) {
+      const int64_t off = k * 8;
+      const int valid = bytes - off < 8 ? (int)(bytes - off) : 8;
+      uint64_t x;
+      if (aLines) {
+        if (!readLine((const uint4*)a + k, inFlag, w, x)) return false;
+      } else {
+        x = loadPayload((const char*)a + off, valid);
+      }
+      if (b) x = reducePayload<T, Op>(x, loadPayload((const char*)b + off, valid));
+      if (d1) storePayload((char*)d1 + off, x, valid);
+      if (d2) storeLine((uint4*)d2 + k, x, outFlag);
+    }
+    return true;
+  }
+
+  __device__ void postRelaxed(uint64_t* p, uint64_t v, bool sys) {
+    if (threadIdx.x == 0) storeRelaxed(p, v, sys);
+  }
 
   template <class T, class Op>
   __device__ void move(const T* a, const T* b, T* d1, T* d2, int64_t n) {
@@ -270,7 +355,33 @@ struct DeviceAllocs {
     memset(p, 0, bytes);
     return p;
   }
+  // Streams and events, destroyed on every exit path too.
+  std::vector<std::pair<int, cudaStream_t>> streams;
+  std::vector<std::pair<int, cudaEvent_t>> events;
+  cudaStream_t stream(int dev) {
+    cudaStream_t st = nullptr;
+    ck(cudaSetDevice(dev), "cudaSetDevice");
+    ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+    streams.push_back({dev, st});
+    return st;
+  }
+  cudaEvent_t event(int dev) {
+    cudaEvent_t ev = nullptr;
+    ck(cudaSetDevice(dev), "cudaSetDevice");
+    ck(cudaEventCreate(&ev), "cudaEventCreate");
+    events.push_back({dev, ev});
+    return ev;
+  }
   ~DeviceAllocs() {
+    for (auto& e : events) {
+      cudaSetDevice(e.first);
+      cudaEventDestroy(e.second);
+    }
+    for (auto& st : streams) {
+      cudaSetDevice(st.first);
+      cudaStreamSynchronize(st.second);  // nothing may still run on memory freed below
+      cudaStreamDestroy(st.second);
+    }
     for (auto& d : ptrs) {
       cudaSetDevice(d.first);
       cudaFree(d.second);
@@ -337,18 +448,46 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
     const int ndev = opt.cudaDevices > 0 && opt.cudaDevices < visible ? opt.cudaDevices : visible;
     const int R = plan.prog->ngpus;
     auto devOf = [&](int rank) { return rank % ndev; };
-    for (int a = 0; a < ndev; ++a)
-      for (int b = 0; b < ndev; ++b) {
-        if (a == b) continue;
-        int can = 0;
-        ck(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
-        if (!can) throw CudaFailure("GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) + " (peer access)");
-        ck(cudaSetDevice(a), "cudaSetDevice");
-        cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-        else ck(e, "cudaDeviceEnablePeerAccess");
-      }
+    // Peer access for the GPU pairs the program's connections join, both ways (the sender writes the data
+    // and head on the receiver's GPU, the receiver the tail on the sender's), and for no other pair.
+    std::set<std::pair<int, int>> pairs;
+    for (auto& c : plan.conns) {
+      const int a = devOf(c.sendRank), b = devOf(c.recvRank);
+      if (a != b) pairs.insert({a, b}), pairs.insert({b, a});
+    }
+    for (auto [a, b] : pairs) {
+      int can = 0;
+      ck(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
+      if (!can)
+        throw CudaFailure("GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) +
+                          " (peer access), which connections between their ranks need");
+      ck(cudaSetDevice(a), "cudaSetDevice");
+      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+      else ck(e, "cudaDeviceEnablePeerAccess");
+    }
+    // The caller's device buffers must be device memory of the rank's GPU: a wrong pointer would fault and
+    // end the CUDA context of the whole process.
+    if (!hostBuffers)
+      for (int r = 0; r < R; ++r)
+        for (int k : {BUF_I, BUF_O}) {
+          const char* what = k == BUF_I ? "send" : "receive";
+          cudaPointerAttributes at{};
+          if (cudaPointerGetAttributes(&at, userBufs[r * 3 + k]) != cudaSuccess) {
+            cudaGetLastError();
+            at.type = cudaMemoryTypeUnregistered;
+          }
+          if (at.type == cudaMemoryTypeManaged) continue;
+          if (at.type != cudaMemoryTypeDevice)
+            throw CudaFailure("rank " + std::to_string(r) + "'s " + what + " buffer is not device memory");
+          if (at.device != devOf(r))
+            throw CudaFailure("rank " + std::to_string(r) + "'s " + what + " buffer is on GPU " +
+                              std::to_string(at.device) + ", but rank " + std::to_string(r) + " runs on GPU " +
+                              std::to_string(devOf(r)));
+        }
     DeviceAllocs al;
+    // LL runs its line protocol: every 8 payload bytes travel with their call's flag in one 16-byte store.
+    const int lines = plan.prog->proto == Proto::LL ? 1 : 0;
     const int ntbs = (int)plan.tbs.size();
     const int nconns = (int)plan.conns.size();
     // Buffers: the user's device pointers, or staged copies of host buffers (in-place aliasing preserved by
@@ -387,15 +526,21 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       const int recvDev = devOf(plan.conns[c].recvRank), sendDev = devOf(plan.conns[c].sendRank);
       uint64_t* head = (uint64_t*)al.alloc(recvDev, kCounterStride * sizeof(uint64_t));
       uint64_t* tail = (uint64_t*)al.alloc(sendDev, kCounterStride * sizeof(uint64_t));
-      char* data = (char*)al.alloc(recvDev, (size_t)plan.nslots * plan.slotBytes);
+      char* data = (char*)al.alloc(recvDev, (size_t)plan.nslots * plan.slotBytes * (lines ? 2 : 1));
       conns[c] = Conn{head, tail, data, plan.conns[c].sendRank, plan.conns[c].recvRank, plan.conns[c].chan,
                       recvDev == sendDev};
     }
     int* abortFlag = (int*)al.mapped(sizeof(int));
     WaitInfo* waits = (WaitInfo*)al.mapped(sizeof(WaitInfo) * (ntbs ? ntbs : 1));
     int* waitActive = (int*)al.mapped(sizeof(int) * (ntbs ? ntbs : 1));
-    std::vector<cudaStream_t> streams(ndev, nullptr);
-    struct PerDev { LaunchArgs a; DevCtl ctl; int grid, threads; cudaEvent_t start, stop; };
+    struct PerDev {
+      LaunchArgs a;
+      DevCtl ctl;
+      int grid = 0, threads = 0;
+      cudaStream_t stream = nullptr;
+      cudaEvent_t start = nullptr, stop = nullptr;
+      cudaError_t launch = cudaSuccess;
+    };
     std::vector<PerDev> per(ndev);
     for (int d = 0; d < ndev; ++d) {
       std::vector<int> map;
@@ -422,7 +567,8 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       a.ntbs = ntbs;
       a.conns = toDevice(al, d, conns);
       a.nslots = plan.nslots;
-      a.slotBytes = plan.slotBytes;
+      a.slotBytes = lines ? 2 * plan.slotBytes : plan.slotBytes;
+      a.lines = lines;
       a.bufs = toDevice(al, d, bufs);
       a.flags = (uint64_t*)al.alloc(d, (size_t)ntbs * kCounterStride * sizeof(uint64_t));
       a.S = plan.S;
@@ -438,41 +584,59 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       ctl.timeoutNs = (unsigned long long)opt.timeoutMs * 1000000ull;
       per[d].a = a;
       per[d].ctl = ctl;
-      ck(cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking), "cudaStreamCreate");
-      ck(cudaEventCreate(&per[d].start), "cudaEventCreate");
-      ck(cudaEventCreate(&per[d].stop), "cudaEventCreate");
+      per[d].stream = al.stream(d);
+      per[d].start = al.event(d);
+      per[d].stop = al.event(d);
       if (!coop) throw CudaFailure("GPU " + std::to_string(d) + " does not support cooperative launch");
     }
     for (int d = 0; d < ndev; ++d) {
       ck(cudaSetDevice(d), "cudaSetDevice");
       ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }
-    for (int d = 0; d < ndev; ++d) {
-      if (!per[d].grid) continue;
-      ck(cudaSetDevice(d), "cudaSetDevice");
-      void* args[] = {&per[d].a, &per[d].ctl};
-      ck(cudaEventRecord(per[d].start, streams[d]), "cudaEventRecord");
-      ck(cudaLaunchCooperativeKernel((const void*)kernel, dim3(per[d].grid), dim3(per[d].threads), args, 0, streams[d]),
-         "cudaLaunchCooperativeKernel");
-      ck(cudaEventRecord(per[d].stop, streams[d]), "cudaEventRecord");
+    // Each GPU's kernel is launched by its own host thread: the kernels wait for each other, so a launch
+    // that blocks until its kernel ends (CUDA_LAUNCH_BLOCKING=1, a serialising tool) must not hold back
+    // the next GPU's launch. A failed launch sets the abort flag, so the kernels already running stop at
+    // their next wait instead of spinning until the watchdog.
+    auto launch = [&](int d) {
+      PerDev& pd = per[d];
+      void* args[] = {&pd.a, &pd.ctl};
+      cudaError_t e = cudaSetDevice(d);
+      if (e == cudaSuccess) e = cudaEventRecord(pd.start, pd.stream);
+      if (e == cudaSuccess)
+        e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(pd.grid), dim3(pd.threads), args, 0, pd.stream);
+      if (e == cudaSuccess) e = cudaEventRecord(pd.stop, pd.stream);
+      if (e != cudaSuccess) {
+        pd.launch = e;
+        *(volatile int*)abortFlag = 1;
+      }
+    };
+    std::vector<int> active;
+    for (int d = 0; d < ndev; ++d)
+      if (per[d].grid) active.push_back(d);
+    if (active.size() == 1) {
+      launch(active[0]);
+    } else {
+      std::vector<std::thread> launchers;
+      for (int d : active) launchers.emplace_back(launch, d);
+      for (auto& t : launchers) t.join();
     }
     // The call's time: the longest kernel, timed by CUDA events on its GPU.
     rep.elapsedUs = 0;
-    for (int d = 0; d < ndev; ++d) {
-      if (!streams[d]) continue;
+    std::string failure;
+    for (int d : active) {
       ck(cudaSetDevice(d), "cudaSetDevice");
-      ck(cudaStreamSynchronize(streams[d]), "kernel");
+      cudaError_t e = per[d].launch != cudaSuccess ? per[d].launch : cudaStreamSynchronize(per[d].stream);
+      if (e != cudaSuccess) {
+        if (failure.empty())
+          failure = "GPU " + std::to_string(d) + (per[d].launch != cudaSuccess ? " launch: " : " kernel: ") +
+                    cudaGetErrorString(e);
+        continue;
+      }
       float ms = 0;
       ck(cudaEventElapsedTime(&ms, per[d].start, per[d].stop), "cudaEventElapsedTime");
       rep.elapsedUs = std::max(rep.elapsedUs, ms * 1000.0);
     }
-    for (int d = 0; d < ndev; ++d)
-      if (streams[d]) {
-        cudaSetDevice(d);
-        cudaEventDestroy(per[d].start);
-        cudaEventDestroy(per[d].stop);
-        cudaStreamDestroy(streams[d]);
-      }
+    if (!failure.empty()) throw CudaFailure(failure);
     if (*abortFlag) {
       std::ostringstream o;
       int n = 0;

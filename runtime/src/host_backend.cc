@@ -28,7 +28,8 @@ inline uint32_t* seqWord(uint64_t* counter) { return reinterpret_cast<uint32_t*>
 struct HostBackend {
   HostShared* sh;
   int g;
-  void endWork() {}
+  static constexpr bool kLines = false;  // LL runs as Simple with LL's tiles and FIFO depth
+  bool endWork(bool ok) { return ok; }
   template <class T> static T load(const T* p) { return *p; }
   template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n) {
     scalarMove<HostBackend, T, Op>(a, b, d1, d2, 0, n, 1);
