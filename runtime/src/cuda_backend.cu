@@ -77,20 +77,23 @@ struct DeviceLoads {  // the scalar load scalarMove uses on the GPU
   }
 };
 
-// Op over the elements of two 16-byte packs. float16/bfloat16 sum and product use the native paired
-// instructions: one rounding of the exact result, which is what the host computes (float, then one
-// rounding: exact, as float has more than twice the significand bits plus two).
-template <class T, class Op> struct PackOp {
-  __device__ static uint4 apply(uint4 x, uint4 y) {
-    constexpr int E = 16 / sizeof(T);
-    T a[E], b[E];
-    memcpy(a, &x, 16);
-    memcpy(b, &y, 16);
+// Op over the elements packed in two words (a 16-byte pack, an 8-byte LL payload), one element at a time.
+template <class T, class Op, class W> __device__ __forceinline__ W reduceWord(W x, W y) {
+  constexpr int E = sizeof(W) / sizeof(T);
+  T a[E], b[E];
+  memcpy(a, &x, sizeof(W));
+  memcpy(b, &y, sizeof(W));
 #pragma unroll
-    for (int e = 0; e < E; ++e) a[e] = Op::apply(a[e], b[e]);
-    memcpy(&x, a, 16);
-    return x;
-  }
+  for (int e = 0; e < E; ++e) a[e] = Op::apply(a[e], b[e]);
+  memcpy(&x, a, sizeof(W));
+  return x;
+}
+
+// Op over two 16-byte packs. float16/bfloat16 sum and product use the native paired instructions: one
+// rounding of the exact result, which is what the host computes (float, then one rounding: exact, as float
+// has more than twice the significand bits plus two).
+template <class T, class Op> struct PackOp {
+  __device__ static uint4 apply(uint4 x, uint4 y) { return reduceWord<T, Op>(x, y); }
 };
 #define TACCL_HALF2_PACK(T, OP, H2, FN)                             \
   template <> struct PackOp<T, OP<T>> {                             \
@@ -191,17 +194,6 @@ __device__ __forceinline__ void storePayload(char* p, uint64_t x, int bytes) {
   if (bytes == 8 && ((uintptr_t)p & 7) == 0) { *(uint64_t*)p = x; return; }
   for (int i = 0; i < bytes; ++i) p[i] = (char)(x >> (8 * i));
 }
-template <class T, class Op> __device__ __forceinline__ uint64_t reducePayload(uint64_t x, uint64_t y) {
-  constexpr int E = 8 / sizeof(T);
-  T a[E], b[E];
-  memcpy(a, &x, 8);
-  memcpy(b, &y, 8);
-#pragma unroll
-  for (int e = 0; e < E; ++e) a[e] = Op::apply(a[e], b[e]);
-  memcpy(&x, a, 8);
-  return x;
-}
-
 struct DeviceBackend {
   DevCtl ctl;
   int g;
@@ -251,7 +243,7 @@ struct DeviceBackend {
       } else {
         x = loadPayload((const char*)a + off, valid);
       }
-      if (b) x = reducePayload<T, Op>(x, loadPayload((const char*)b + off, valid));
+      if (b) x = reduceWord<T, Op>(x, loadPayload((const char*)b + off, valid));
       if (d1) storePayload((char*)d1 + off, x, valid);
       if (d2) storeLine((uint4*)d2 + k, x, outFlag);
     }
