@@ -125,23 +125,62 @@ struct Gpu {
 };
 std::vector<Gpu> g_gpu;
 
+// Holding a stream: a one-thread kernel spins until the host releases it (or 200 ms pass, so a lost release
+// cannot hang the probe). Work queued behind it, events included, then starts at once when it ends, so an
+// event pair times the operation and not the host's submission of it (the method nvbandwidth uses).
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__global__ void hold_kernel(const volatile int* release, unsigned long long max_ns) {
+  const unsigned long long t0 = global_ns();
+  while (!*release && global_ns() - t0 < max_ns) {}
+}
+// Keeps every SM busy for a while so that the clocks are up before the first sample.
+__global__ void warm_kernel(unsigned long long ns) {
+  const unsigned long long t0 = global_ns();
+  while (global_ns() - t0 < ns) {}
+}
+int* g_release = nullptr;  // host-mapped, shared by every GPU (portable)
+cudaError_t g_last_error = cudaSuccess;  // the first CUDA error of the current measurement
+
+void hold(cudaStream_t st) {
+  hold_kernel<<<1, 1, 0, st>>>(g_release, 200000000ull);
+}
+void release_holds() { *(volatile int*)g_release = 1; }
+void arm_holds() { *(volatile int*)g_release = 0; }
+std::string last_error_text() {
+  cudaError_t e = g_last_error != cudaSuccess ? g_last_error : cudaGetLastError();
+  g_last_error = cudaSuccess;
+  return e != cudaSuccess ? cudaGetErrorString(e) : "unknown CUDA error";
+}
+bool note(cudaError_t e) {
+  if (e != cudaSuccess && g_last_error == cudaSuccess) g_last_error = e;
+  return e == cudaSuccess;
+}
+
 __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n16) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   size_t stride = (size_t)gridDim.x * blockDim.x;
   for (; i < n16; i += stride) dst[i] = src[i];
 }
 
-// Time one operation issued by `issue` on stream st of device dev; returns microseconds or -1.
+// Time one operation issued by `issue` on stream st of device dev, queued behind a hold; returns
+// microseconds or -1 (the error is kept for last_error_text()).
 template <class F>
 double time_one(int dev, int si, F issue) {
   Gpu& g = g_gpu[dev];
-  cudaSetDevice(dev);
-  if (cudaEventRecord(g.e[2 * si], g.s[si]) != cudaSuccess) return -1;
-  if (!issue(g.s[si])) return -1;
-  if (cudaEventRecord(g.e[2 * si + 1], g.s[si]) != cudaSuccess) return -1;
-  if (cudaEventSynchronize(g.e[2 * si + 1]) != cudaSuccess) return -1;
+  if (!note(cudaSetDevice(dev))) return -1;
+  arm_holds();
+  hold(g.s[si]);
+  bool ok = note(cudaGetLastError()) && note(cudaEventRecord(g.e[2 * si], g.s[si])) && issue(g.s[si]) &&
+            note(cudaEventRecord(g.e[2 * si + 1], g.s[si]));
+  release_holds();
+  if (!ok) return note(cudaGetLastError()), -1;
+  if (!note(cudaEventSynchronize(g.e[2 * si + 1]))) return -1;
   float ms = 0;
-  if (cudaEventElapsedTime(&ms, g.e[2 * si], g.e[2 * si + 1]) != cudaSuccess) return -1;
+  if (!note(cudaEventElapsedTime(&ms, g.e[2 * si], g.e[2 * si + 1]))) return -1;
   return ms * 1000.0;
 }
 
@@ -156,6 +195,11 @@ bool p2p_issue(int src, int dst, size_t bytes, bool sm, cudaStream_t st) {
 
 bool setup_gpus(int n, const Options& o) {
   g_gpu.resize(n);
+  if (n > 0) {
+    CK(cudaSetDevice(0), "setup");
+    CK(cudaHostAlloc(&g_release, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable), "setup");
+    *g_release = 1;
+  }
   for (int d = 0; d < n; ++d) {
     CK(cudaSetDevice(d), "setup");
     cudaDeviceProp p;
@@ -167,6 +211,12 @@ bool setup_gpus(int n, const Options& o) {
     CK(cudaHostAlloc(&g_gpu[d].host, o.max_bytes, cudaHostAllocPortable), "setup");
     for (auto& s : g_gpu[d].s) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "setup");
     for (auto& e : g_gpu[d].e) CK(cudaEventCreate(&e), "setup");
+    warm_kernel<<<g_gpu[d].sms * 2, 128>>>(200000000ull);  // 200 ms: clocks up before the first sample
+    CK(cudaGetLastError(), "setup");
+  }
+  for (int d = 0; d < n; ++d) {
+    CK(cudaSetDevice(d), "setup");
+    CK(cudaDeviceSynchronize(), "setup");
   }
   return true;
 }
@@ -208,7 +258,7 @@ void probe_p2p(int n, const Options& o, const std::vector<std::vector<int>>& acc
         disarm();
         std::string rec = "{\"probe\":\"p2p\",\"engine\":\"" + std::string(ename) + "\",\"src\":" + std::to_string(s) +
                           ",\"dst\":" + std::to_string(d) + ",\"peer_access\":" + (access[s][d] ? "true" : "false");
-        if (!ok) rec += ",\"status\":\"error\",\"reason\":" + jstr(cudaGetErrorString(cudaGetLastError()));
+        if (!ok) rec += ",\"status\":\"error\",\"reason\":" + jstr(last_error_text());
         g_out.add_measurement(rec + ",\"samples\":" + samples_json(v) + "}");
       }
   }
@@ -227,18 +277,20 @@ void probe_p2p(int n, const Options& o, const std::vector<std::vector<int>>& acc
       std::string times = "[";
       bool ok = true;
       for (int r = 0; r < o.reps && ok; ++r) {
-        cudaSetDevice(s);
+        note(cudaSetDevice(s));
         Gpu& g = g_gpu[s];
+        arm_holds();  // both copies queued behind holds, released together
         for (int k = 0; k < 2; ++k) {
-          cudaEventRecord(g.e[2 * k], g.s[k]);
+          hold(g.s[k]);
+          ok = ok && note(cudaEventRecord(g.e[2 * k], g.s[k]));
           // the second copy writes into the source GPU's own b-buffer of the peer: use distinct peers
-          ok = ok && p2p_issue(s, peers[k], o.big_bytes, eng, g.s[k]);
-          cudaEventRecord(g.e[2 * k + 1], g.s[k]);
+          ok = ok && (p2p_issue(s, peers[k], o.big_bytes, eng, g.s[k]) || !note(cudaGetLastError()));
+          ok = ok && note(cudaEventRecord(g.e[2 * k + 1], g.s[k]));
         }
+        release_holds();
         float t0 = 0, t1 = 0;
-        ok = ok && cudaEventSynchronize(g.e[1]) == cudaSuccess && cudaEventSynchronize(g.e[3]) == cudaSuccess &&
-             cudaEventElapsedTime(&t0, g.e[0], g.e[1]) == cudaSuccess &&
-             cudaEventElapsedTime(&t1, g.e[2], g.e[3]) == cudaSuccess;
+        ok = ok && note(cudaEventSynchronize(g.e[1])) && note(cudaEventSynchronize(g.e[3])) &&
+             note(cudaEventElapsedTime(&t0, g.e[0], g.e[1])) && note(cudaEventElapsedTime(&t1, g.e[2], g.e[3]));
         times += (r ? ",[" : "[") + fmt_num(t0 * 1000.0) + "," + fmt_num(t1 * 1000.0) + "]";
       }
       disarm();
@@ -246,7 +298,7 @@ void probe_p2p(int n, const Options& o, const std::vector<std::vector<int>>& acc
                         std::to_string(s) + "," + std::to_string(peers[0]) + "],[" + std::to_string(s) + "," +
                         std::to_string(peers[1]) + "]],\"bytes\":" + std::to_string(o.big_bytes) +
                         ",\"times_us\":" + times + "]";
-      if (!ok) rec += ",\"status\":\"error\",\"reason\":\"CUDA error during concurrent copies\"";
+      if (!ok) rec += ",\"status\":\"error\",\"reason\":" + jstr(last_error_text());
       g_out.add_measurement(rec + "}");
     }
   }
@@ -262,19 +314,22 @@ bool host_issue(int g, bool d2h, size_t bytes, cudaStream_t st) {
 std::string concurrent_host(const std::vector<int>& gs, bool d2h, size_t bytes, int reps, bool* ok) {
   std::string times = "[";
   for (int r = 0; r < reps && *ok; ++r) {
+    arm_holds();  // every GPU's copy queued behind a hold, released together
     for (int g : gs) {
-      cudaSetDevice(g);
-      cudaEventRecord(g_gpu[g].e[0], g_gpu[g].s[0]);
-      *ok = *ok && host_issue(g, d2h, bytes, g_gpu[g].s[0]);
-      cudaEventRecord(g_gpu[g].e[1], g_gpu[g].s[0]);
+      *ok = *ok && note(cudaSetDevice(g));
+      hold(g_gpu[g].s[0]);
+      *ok = *ok && note(cudaEventRecord(g_gpu[g].e[0], g_gpu[g].s[0]));
+      *ok = *ok && (host_issue(g, d2h, bytes, g_gpu[g].s[0]) || !note(cudaGetLastError()));
+      *ok = *ok && note(cudaEventRecord(g_gpu[g].e[1], g_gpu[g].s[0]));
     }
+    release_holds();
     times += r ? ",[" : "[";
     for (size_t k = 0; k < gs.size(); ++k) {
       int g = gs[k];
       cudaSetDevice(g);
       float ms = 0;
-      *ok = *ok && cudaEventSynchronize(g_gpu[g].e[1]) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, g_gpu[g].e[0], g_gpu[g].e[1]) == cudaSuccess;
+      *ok = *ok && note(cudaEventSynchronize(g_gpu[g].e[1])) &&
+            note(cudaEventElapsedTime(&ms, g_gpu[g].e[0], g_gpu[g].e[1]));
       times += (k ? "," : "") + fmt_num(ms * 1000.0);
     }
     times += "]";
@@ -305,7 +360,7 @@ void probe_host(int n, const Options& o, Progress& prog) {
       }
       disarm();
       std::string rec = std::string("{\"probe\":\"host\",\"direction\":\"") + dn + "\",\"gpu\":" + std::to_string(g);
-      if (!ok) rec += ",\"status\":\"error\",\"reason\":\"CUDA error during host copies\"";
+      if (!ok) rec += ",\"status\":\"error\",\"reason\":" + jstr(last_error_text());
       g_out.add_measurement(rec + ",\"samples\":" + samples_json(v) + "}");
     }
     if (n < 2) g_out.add_skip("host_concurrent", "PCIe switch groups", "only one GPU");
@@ -320,7 +375,7 @@ void probe_host(int n, const Options& o, Progress& prog) {
         std::string rec = std::string("{\"probe\":\"host_concurrent\",\"direction\":\"") + dn + "\",\"gpus\":[" +
                           std::to_string(a) + "," + std::to_string(b) + "],\"bytes\":" + std::to_string(o.big_bytes) +
                           ",\"times_us\":" + times;
-        if (!ok) rec += ",\"status\":\"error\",\"reason\":\"CUDA error during concurrent host copies\"";
+        if (!ok) rec += ",\"status\":\"error\",\"reason\":" + jstr(last_error_text());
         g_out.add_measurement(rec + "}");
       }
   }
