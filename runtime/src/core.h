@@ -119,8 +119,8 @@ struct LaunchArgs {
   int lines;           // LL on a backend with kLines: FIFO slots hold flagged lines (slotBytes = 2x payload)
 };
 
-// One element loop of a primitive, for a backend without a faster one (the host backend): x = a[i] or
-// Op(a[i], b[i]), written to d1 and/or d2.
+// The element loop of a primitive (the host backend's whole move; the CUDA backend's unaligned heads and
+// tails): x = a[i] or Op(a[i], b[i]), written to d1 and/or d2.
 template <class B, class T, class Op>
 TACCL_HD void scalarMove(const T* a, const T* b, T* d1, T* d2, int64_t first, int64_t n, int64_t stride) {
   for (int64_t i = first; i < n; i += stride) {
