@@ -6,6 +6,11 @@
 #
 #   benchmarks/gpu_check.sh [PROGRAM_DIR...]          (default: gpu-inputs/*)
 #
+# The program directories are made here beforehand and carried to the GPU machine, e.g. (what the results in
+# benchmarks/results/h100-1gpu-2026-11-23 used): gpu-inputs/shared = ../shared/data/msccl-xml/*.xml;
+# gpu-inputs/baselines = `taccl baseline ring|double-binary-tree|hierarchical -t dgx-h100 -n 1|2 --proto P`;
+# gpu-inputs/ndv2 = the msccl-algorithms/ that `taccl batch sketches/skus/ndv2.yaml` writes.
+#
 # Environment: SWEEP=0 skips the sweeps; LARGE="FILES" sweeps them at 256 MiB and 1 GiB; BENCH="FILES" runs
 # taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) and cudaMemcpy; PROFILE=1 runs `taccl profile
 # --quick`; SMALL_S, MEDIUM_S, LARGE_S, BENCH_S are the stages' time limits in seconds.
