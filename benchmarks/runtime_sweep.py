@@ -55,17 +55,8 @@ def run_case(rt, idx, info, size, dtype, inplace, seed):
     out = rt.run_raw(info.coll, dtype, "sum", inputs, inplace=inplace, program=idx)
     if out.status != "done":
         return out.status, 0, out.elapsed_us, out.message
-    ref = trt.reference(info.coll, dtype, "sum", inputs)
-    wrong, first = 0, ""
-    for r in range(info.ngpus):
-        if ref[r] is None:
-            continue
-        bad = np.flatnonzero(~trt._equal(out.outputs[r], ref[r], dtype))
-        if bad.size and not first:
-            k = int(bad[0])
-            first = f"rank {r} element {k}: got {out.outputs[r][k]!r}, expected {ref[r][k]!r}"
-        wrong += int(bad.size)
-    return ("wrong" if wrong else "ok"), wrong, out.elapsed_us, first
+    wrong, first = trt.count_wrong(out.outputs, trt.reference(info.coll, dtype, "sum", inputs), dtype)
+    return ("wrong" if wrong else "ok"), wrong, out.elapsed_us, first or ""
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from .errors import CheckFailed, UserError
 
 __all__ = ["COLLS", "DTYPES", "OPS", "Runtime", "RunOutcome", "library_path", "reference", "make_inputs",
-           "run_program", "cuda_available"]
+           "count_wrong", "run_program", "cuda_available"]
 
 COLLS = ["allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce"]
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"]
@@ -392,23 +392,27 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
         if out.status != "done":
             raise UserError(out.message, path=str(path))
         if check:
-            ref = reference(info.coll, dtype, op, inputs, root)
-            wrong = 0
-            first = None
-            for r in range(R):
-                if ref[r] is None:
-                    continue
-                bad = np.flatnonzero(~_equal(out.outputs[r], ref[r], dtype))
-                if bad.size and first is None:
-                    first = (r, int(bad[0]))
-                wrong += int(bad.size)
+            wrong, first = count_wrong(out.outputs, reference(info.coll, dtype, op, inputs, root), dtype)
             report["checked"] = True
             report["wrong"] = wrong
             if wrong:
-                r, k = first
-                raise CheckFailed(f"{path}: {wrong} wrong elements; first: rank {r} element {k}: got "
-                                  f"{out.outputs[r][k]!r}, expected {ref[r][k]!r}")
+                raise CheckFailed(f"{path}: {wrong} wrong elements; first: {first}")
         return report
+
+
+def count_wrong(outputs: list, ref: list, dtype: str) -> tuple:
+    """(elements that differ from the reference, the first as "rank R element K: got X, expected Y" or
+    None); ranks whose reference is None (no defined output) are skipped."""
+    wrong, first = 0, None
+    for r, (got, want) in enumerate(zip(outputs, ref)):
+        if want is None:
+            continue
+        bad = np.flatnonzero(~_equal(got, want, dtype))
+        if bad.size and first is None:
+            k = int(bad[0])
+            first = f"rank {r} element {k}: got {got[k]!r}, expected {want[k]!r}"
+        wrong += int(bad.size)
+    return wrong, first
 
 
 def _equal(a, b, dtype):

@@ -127,8 +127,8 @@ TACCL_BYTE4_PACK(uint8_t, OpMax, __vmaxu4)
 #undef TACCL_BYTE4_PACK
 
 // The data loop of one primitive: 16-byte packs, four loads in flight per thread (four packs of a copy, two
-// pairs of a reduction), issued before any store. Pointers that share their offset modulo 16 start with a scalar head up to the first aligned
-// pack; a scalar tail finishes. Pointers with different offsets modulo 16 take the scalar loop.
+// pairs of a reduction), issued before any store. Pointers that share their offset modulo 16 start with a
+// scalar head up to the first aligned pack and end with a scalar tail; other pointers take the scalar loop.
 template <class T, class Op, bool Reduce, bool D1, bool D2>
 __device__ __forceinline__ void movePacks(const T* a, const T* b, T* d1, T* d2, int64_t n) {
   const int tid = threadIdx.x, nt = blockDim.x;
@@ -139,7 +139,8 @@ __device__ __forceinline__ void movePacks(const T* a, const T* b, T* d1, T* d2, 
     return;
   }
   constexpr int E = 16 / sizeof(T);
-  const int64_t head = mis ? ((int64_t)((16 - mis) / sizeof(T)) < n ? (int64_t)((16 - mis) / sizeof(T)) : n) : 0;
+  int64_t head = (int64_t)((16 - mis) % 16 / sizeof(T));  // elements before the first aligned pack
+  if (head > n) head = n;
   const int64_t npacks = (n - head) / E;
   const int64_t tailStart = head + npacks * E;
   scalarMove<DeviceLoads, T, Op>(a, b, d1, d2, tid, head, nt);
@@ -200,6 +201,21 @@ struct DeviceBackend {
 
   static constexpr bool kLines = true;
 
+  // Called on every spin of a wait; every 1024 spins it checks whether the wait must stop: another block
+  // aborted the run, or this wait passed the timeout (then it aborts the run). A stopping wait records what
+  // it waited for, so the host's message names every waiting block.
+  __device__ bool keepWaiting(unsigned& spins, unsigned long long& start, const WaitInfo& w) {
+    if ((++spins & 1023) != 0) return true;
+    const unsigned long long now = globalTimer();
+    if (!start) start = now;
+    if (!*ctl.abort && now - start <= ctl.timeoutNs) return true;
+    *ctl.abort = 1;
+    ctl.waits[g] = w;
+    __threadfence_system();
+    ctl.waitActive[g] = 1;
+    return false;
+  }
+
   __device__ bool endWork(bool ok) { return __syncthreads_and(ok) != 0; }
 
   // Wait (this thread alone) until a line carries `flag`; false when the run was aborted or timed out.
@@ -207,22 +223,8 @@ struct DeviceBackend {
     uint4 v;
     unsigned spins = 0;
     unsigned long long start = 0;
-    for (;;) {
-      asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
-      if (v.y == flag && v.w == flag) break;
-      if ((++spins & 1023) == 0) {
-        if (*ctl.abort) return false;
-        if (!start) start = globalTimer();
-        else if (globalTimer() - start > ctl.timeoutNs) {
-          *ctl.abort = 1;
-          ctl.waits[g] = w;
-          __threadfence_system();
-          ctl.waitActive[g] = 1;
-          return false;
-        }
-      }
-    }
+    while (v = loadPack(p), v.y != flag || v.w != flag)
+      if (!keepWaiting(spins, start, w)) return false;
     x = (uint64_t)v.x | ((uint64_t)v.z << 32);
     return true;
   }
@@ -273,22 +275,11 @@ struct DeviceBackend {
     __shared__ uint64_t value;
     if (threadIdx.x == 0) {
       ok = 1;
-      uint64_t x = loadAcquire(p, sys);
-      if (x < v) {
-        const unsigned long long start = globalTimer();
-        unsigned spins = 0;
-        while ((x = loadAcquire(p, sys)) < v) {
-          if ((++spins & 1023) == 0) {
-            if (*ctl.abort) { ok = 0; break; }
-            if (globalTimer() - start > ctl.timeoutNs) { *ctl.abort = 1; ok = 0; break; }
-          }
-        }
-        if (!ok) {
-          ctl.waits[g] = w;
-          __threadfence_system();
-          ctl.waitActive[g] = 1;
-        }
-      }
+      unsigned spins = 0;
+      unsigned long long start = 0;
+      uint64_t x;
+      while ((x = loadAcquire(p, sys)) < v)
+        if (!keepWaiting(spins, start, w)) { ok = 0; break; }
       value = x;
     }
     __syncthreads();
@@ -382,6 +373,14 @@ struct DeviceAllocs {
   }
 };
 
+// Lets GPU a's kernels and copies reach GPU b's memory (already enabled is fine).
+void enablePeerAccess(int a, int b) {
+  ck(cudaSetDevice(a), "cudaSetDevice");
+  cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+  else ck(e, "cudaDeviceEnablePeerAccess");
+}
+
 template <class V>
 V* toDevice(DeviceAllocs& al, int dev, const std::vector<V>& v) {
   V* p = (V*)al.alloc(dev, v.size() * sizeof(V));
@@ -404,16 +403,8 @@ bool cudaMemcpyUs(int64_t bytes, int iters, double* us) {
     DeviceAllocs al;
     void* a = al.alloc(0, (size_t)bytes);
     void* b = al.alloc(dst, (size_t)bytes);
-    if (dst != 0) {
-      ck(cudaSetDevice(0), "cudaSetDevice");
-      cudaError_t e = cudaDeviceEnablePeerAccess(dst, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-      else ck(e, "cudaDeviceEnablePeerAccess");
-    }
-    ck(cudaSetDevice(0), "cudaSetDevice");
-    cudaEvent_t e0, e1;
-    ck(cudaEventCreate(&e0), "cudaEventCreate");
-    ck(cudaEventCreate(&e1), "cudaEventCreate");
+    if (dst != 0) enablePeerAccess(0, dst);
+    cudaEvent_t e0 = al.event(0), e1 = al.event(0);  // leaves device 0 current
     ck(cudaMemcpy(b, a, (size_t)bytes, cudaMemcpyDefault), "cudaMemcpy");
     ck(cudaEventRecord(e0), "cudaEventRecord");
     for (int i = 0; i < iters; ++i) ck(cudaMemcpyAsync(b, a, (size_t)bytes, cudaMemcpyDefault), "cudaMemcpyAsync");
@@ -421,8 +412,6 @@ bool cudaMemcpyUs(int64_t bytes, int iters, double* us) {
     ck(cudaEventSynchronize(e1), "cudaEventSynchronize");
     float ms = 0;
     ck(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     *us = ms * 1000.0 / iters;
     return true;
   } catch (const CudaFailure&) {
@@ -453,10 +442,7 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       if (!can)
         throw CudaFailure("GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) +
                           " (peer access), which connections between their ranks need");
-      ck(cudaSetDevice(a), "cudaSetDevice");
-      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-      else ck(e, "cudaDeviceEnablePeerAccess");
+      enablePeerAccess(a, b);
     }
     // The caller's device buffers must be device memory of the rank's GPU: a wrong pointer would fault and
     // end the CUDA context of the whole process.
