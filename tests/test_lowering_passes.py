@@ -216,3 +216,33 @@ def test_default_instances_halve_until_the_blocks_fit():
     prog = lower(algo, max_tbs=3)
     assert prog.nchannels == lower(algo, instances=2).nchannels == 2 and prog.max_threadblocks <= 3
     assert check_program(prog).ok
+
+
+def reduce_through_hubs(R=4):
+    """ReduceScatter where, for every chunk, two ranks send their partial sums into a hub (rank owner+1),
+    which forwards the sum to the owner: a reduce chain with a converging hop."""
+    coll = make_collective("reducescatter", R, 1)
+    tr = []
+    for c in range(R):
+        hub = (c + 1) % R
+        leaves = [r for r in range(R) if r not in (c, hub)]
+        into_hub = [_add(tr, [c], leaf, hub, "reduce", 0) for leaf in leaves]
+        _add(tr, [c], hub, c, "reduce", 1, into_hub)
+    return _algo("rs-hubs", coll, tr)
+
+
+def test_last_partial_sum_reduces_as_it_lands_with_short_steps():
+    """LL/LL128: the hub receives the first partial aside, folds it in, and reduces the last one as it lands in
+    the block that forwards the sum (one receive-reduce-send, the fold right before it); Simple receives every
+    partial aside and folds them before a plain send."""
+    algo = reduce_through_hubs()
+    for proto in ("LL", "LL128", "Simple"):
+        program = _roundtrip(lower(algo, proto=proto))
+        forwarding = [(tb, i) for g in program.gpus for tb in g.threadblocks for i, st in enumerate(tb.steps)
+                      if st.type is StepType.RECV_REDUCE_SEND]
+        if proto == "Simple":
+            assert not forwarding
+            continue
+        assert len(forwarding) == 4  # one per chunk, at its hub
+        # the fold goes right before it, unless another step of that block lies between them (rank 1 here)
+        assert sum(i > 0 and tb.steps[i - 1].type is StepType.REDUCE for tb, i in forwarding) == 3

@@ -9,7 +9,8 @@ Where chunk c lives on rank r:
 - a copy transfer writes the home; a reduce transfer writes the home with the current value as the local
   operand (an out-of-place first accumulation reads the input and writes the output, later ones add in
   place); reductions that several ranks send into one copy back to back are received into scratch instead
-  and folded into the home by one run of local reductions once all have arrived;
+  and folded into the home by one run of local reductions once all have arrived (or all but the last, which
+  then reduces into the folded sum as it lands: ``direct_last``, for the protocols with short steps);
 - at the end, every postcondition chunk not yet at its home is copied there locally (AllGather's own chunk
   from input to output, say).
 
@@ -74,12 +75,16 @@ def _runs(items, single):
     return runs
 
 
-def _converging_reductions(order: list) -> dict:
+def _converging_reductions(order: list, direct_last: bool) -> dict:
     """Reductions that several ranks send into one rank's copy of a chunk back to back (nothing reads or
-    writes that copy in between): (transfer id, chunk) -> a shared record {"last": id of the last one,
-    "slots": []}. Reduced one after another in place, each would wait for the previous; received aside
-    into scratch, they land in parallel and one run of local reductions (which the runtime fuses) folds
-    them in."""
+    writes that copy in between): (transfer id, chunk) -> a shared record {"last": id of the last one
+    received aside, "slots": []}. Reduced one after another in place, each would wait for the previous;
+    received aside into scratch, they land in parallel and one run of local reductions (which the runtime
+    fuses) folds them in.
+
+    With `direct_last` the last reduction of each run is not received aside: it reduces into the folded
+    sum as it lands, in the thread block that receives it, so no other block has to wait for a fold before
+    the sum moves on (and a single forwarding send can fuse with it into one receive-reduce-send)."""
     events = {}  # (chunk, rank) -> [(kind, transfer id)] in transfer order
     for t in order:
         for c in t.chunks:
@@ -93,15 +98,16 @@ def _converging_reductions(order: list) -> dict:
                 run.append(tid)
                 continue
             if len(run) >= 2:
-                record = {"last": run[-1], "slots": []}
-                for r in run:
+                aside = run[:-1] if direct_last else run
+                record = {"last": aside[-1], "slots": []}
+                for r in aside:
                     out[(r, c)] = record
             run = []
     return out
 
 
-def algorithm_ops(algo, coll, *, single: bool = False) -> list:
-    """The ChunkOps of an Algorithm (see the module docstring)."""
+def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False) -> list:
+    """The ChunkOps of an Algorithm (see the module docstring; `direct_last`: `_converging_reductions`)."""
     R = coll.num_ranks
     loc = {}
     for c, r in coll.precondition:
@@ -123,7 +129,7 @@ def algorithm_ops(algo, coll, *, single: bool = False) -> list:
     ops = []
     order = transfer_order(algo.transfers)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
-    staged = _converging_reductions(order)
+    staged = _converging_reductions(order, direct_last)
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
         if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:

@@ -82,12 +82,12 @@ def _serial_pairs(instrs):
             x = next(iter(y.deps)) if len(y.deps) == 1 else None
             if x is not None and x.recv_peer == a and len(x.readers) == 1 and x.type in _FUSED:
                 fused[x] = y
-        items = [(y.pos, y) for y in sends] + [(x.pos, x) for x in steps.get((r, "R", a), []) if x not in fused]
         ready = {y: x.span[1] for x, y in fused.items()}
-        free, ok = 0.0, True
-        for _, ins in sorted(items, key=lambda it: it[0]):
+        order = _block_order(sends, steps.get((r, "R", a), []), fused)
+        ok, free = order is not None, 0.0
+        for ins in order or ():
             send, arrive = ins.span
-            if ins.send_peer == b and ins.recv_peer != a:  # a send (fused or not)
+            if ins.send_peer == b:  # a send (fused or not)
                 free = max(free, ready.get(ins, 0.0))
                 if free > send + 1e-6:
                     ok = False
@@ -99,6 +99,27 @@ def _serial_pairs(instrs):
         return ok
 
     return serial
+
+
+def _block_order(sends, receives, fused):
+    """The order one thread block would take the sends to B and the receives from A in, as
+    `taccl.lowering.schedule.order_tb` does: each connection in event order, a fused step (standing as its
+    send) once it heads both, otherwise the smallest position first. None when the two orders conflict."""
+    recv_chain = sorted([x for x in receives if x not in fused] + list(fused), key=lambda i: i.key)
+    chains = [[fused.get(x, x) for x in recv_chain], sorted(sends, key=lambda i: i.key)]
+    joint = set(fused.values())
+    heads, out = [0, 0], []
+    while heads[0] < len(chains[0]) or heads[1] < len(chains[1]):
+        top = [ch[h] if h < len(ch) else None for ch, h in zip(chains, heads)]
+        ready = [k for k in (0, 1) if top[k] is not None and (top[k] not in joint or top[0] is top[1])]
+        if not ready:
+            return None
+        k = min(ready, key=lambda k: top[k].pos)
+        out.append(top[k])
+        for j in (0, 1):
+            if top[j] is top[k]:
+                heads[j] += 1
+    return out
 
 
 def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True) -> bool:

@@ -288,9 +288,10 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
                         f"0..{max_channels - 1} is full ({step_cap} steps per thread block, "
                         f"{MAX_TBS_PER_CHANNEL} sending/receiving thread blocks per channel); use fewer chunks "
                         f"or fewer instances")
-    # local instructions. A reduction (several steps: same rank and event) whose result one send forwards
-    # goes into that send's thread block, just before it, when nothing of that block falls between them:
-    # the send then follows the fold without a flag wait (a hop of a reduce chain pays one, not two).
+    # local instructions. A reduction (several steps: same rank and event) whose result one send forwards,
+    # or one receive-reduce completes, goes into that step's thread block, just before it, when nothing of
+    # that block falls between them: the step then follows the fold without a flag wait (a hop of a reduce
+    # chain pays one, not two).
     # Another reduction goes to a thread block of its own rank that does only local work, so it neither
     # waits behind nor delays a connection's steps; either way its steps stay together so the runtime can
     # fuse them into one pass. Other copies (AllGather's own chunk, at the end) go to the block with the
@@ -325,12 +326,17 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     return tbs
 
 
+_REDUCING_RECEIVES = (StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_SEND, StepType.RECV_REDUCE_COPY_SEND)
+
+
 def _forwarding_block(group: list, step_cap: int):
-    """The thread block of the one send that consumes this local reduction, if the fold can go right before
-    it there: no other step of that block between the two, room for the steps; else None."""
+    """The thread block of the one send, or receive-reduce (the last partial sum, reduced into the fold as
+    it lands), that consumes this local reduction, if the fold can go right before it there: no other step
+    of that block between the two, room for the steps; else None."""
     members = {id(i) for i in group}
     consumers = [d for i in group for d in i.dependents if id(d) not in members and not d.dead]
-    if not consumers or any(d.send_peer < 0 or d.tb is None for d in consumers):
+    if not consumers or any(d.tb is None or (d.send_peer < 0 and d.type not in _REDUCING_RECEIVES)
+                            for d in consumers):
         return None  # a local step (not placed yet) or a plain receive also waits for the sum
     tbs = {id(d.tb) for d in consumers}
     if len(tbs) != 1:
