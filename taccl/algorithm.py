@@ -113,6 +113,8 @@ class Algorithm:
 
 def collective_to_json(coll: Collective) -> dict:
     doc = {"name": coll.name, "num_ranks": coll.num_ranks, "chunkup": coll.chunkup, "root": coll.root}
+    if coll.form:
+        doc["form"] = coll.form
     from .collectives import NAMES
 
     if coll.name not in NAMES:  # user-defined: keep its full definition
@@ -136,7 +138,8 @@ def collective_from_json(doc: dict) -> Collective:
                  postcondition=post, labels=[(c,) for c in range(cu["chunks"])], input_index=inp,
                  output_index={(c, r): c for c, r in post}, input_chunks=max(count.values(), default=0),
                  output_chunks=cu["chunks"])
-    return make_collective(doc["name"], doc["num_ranks"], doc.get("chunkup", 1), root=doc.get("root") or 0)
+    return make_collective(doc["name"], doc["num_ranks"], doc.get("chunkup", 1), root=doc.get("root") or 0,
+                           form=doc.get("form", ""))
 
 
 def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:

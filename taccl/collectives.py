@@ -12,6 +12,10 @@ Buffer layout (chunk indices inside the MSCCL input/output buffers, see msccl-xm
 the MSCCL conventions: AllGather rank r's input index i is chunk r*k+i, which is output index r*k+i; AllToAll
 chunk (s, d, i) is input index d*k+i on s and output index s*k+i on d; ReduceScatter/AllReduce chunk c is
 input index c on every rank and output index c (AllReduce) or c - r*k (ReduceScatter, on owner r).
+
+A *one-shot* AllReduce (``form="one-shot"``) reduces every rank's whole buffer towards every rank: chunk
+r*k+i is piece i of the buffer, summed at rank r (input index i on every rank, output index i on r), so the
+buffers hold k chunks and a chunk is routed like a ReduceScatter's, with no sum sent back.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ class Collective:
     postcondition: frozenset  # {(chunk, rank)}
     combining: bool = False
     root: int | None = None
+    form: str = ""  # "one-shot" for an AllReduce whose every rank sums the whole buffer itself
     labels: list = field(default_factory=list)  # chunk -> tuple identity over ranks
     input_index: dict = field(default_factory=dict)  # (chunk, rank) -> index in that rank's input buffer
     output_index: dict = field(default_factory=dict)  # (chunk, rank) -> index in that rank's output buffer
@@ -81,10 +86,16 @@ class Collective:
         return self
 
 
-def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0) -> Collective:
+FORMS = {"allreduce": ("reduce-broadcast", "one-shot")}
+
+
+def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0, form: str = "") -> Collective:
     name = ALIASES.get(name.lower(), name.lower())
     if name not in NAMES:
         raise UserError(f"unknown collective {name!r}; known: {', '.join(NAMES)} (or a JSON file with a custom one)")
+    if form and form not in FORMS.get(name, ()):
+        raise UserError(f"a {name} has no form {form!r}" + (f"; known: {', '.join(FORMS[name])}" if name in FORMS else ""))
+    form = "" if form == "reduce-broadcast" else form
     if num_ranks < 2:
         raise UserError(f"a collective needs at least 2 ranks, got {num_ranks}")
     if chunkup < 1:
@@ -104,13 +115,20 @@ def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 
                     pre.add((c, r)); inp[(c, r)] = i
                     for d in range(R):
                         post.add((c, d)); out[(c, d)] = c
+                elif form == "one-shot":  # piece i of the buffer, summed at rank r
+                    for s in range(R):
+                        pre.add((c, s)); inp[(c, s)] = i
+                    post.add((c, r)); out[(c, r)] = i
                 else:
                     for s in range(R):
                         pre.add((c, s)); inp[(c, s)] = c
                     for d in (range(R) if name == "allreduce" else [r]):
                         post.add((c, d)); out[(c, d)] = c if name == "allreduce" else i
         combining = name != "allgather"
-        ic, oc = (k, R * k) if name == "allgather" else (R * k, k if name == "reducescatter" else R * k)
+        if form == "one-shot":
+            ic, oc = k, k
+        else:
+            ic, oc = (k, R * k) if name == "allgather" else (R * k, k if name == "reducescatter" else R * k)
     elif name == "alltoall":
         for s in range(R):
             for d in range(R):
@@ -152,7 +170,7 @@ def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 
                 post.add((c, d)); out[(c, d)] = i
         slots, ic, oc = (0, 2), R * k, k
     return Collective(name=name, num_ranks=R, chunkup=k, num_chunks=len(labels), precondition=frozenset(pre),
-                      postcondition=frozenset(post), combining=combining, root=rt, labels=labels,
+                      postcondition=frozenset(post), combining=combining, root=rt, form=form, labels=labels,
                       input_index=inp, output_index=out, input_chunks=ic, output_chunks=oc, label_rank_slots=slots)
 
 

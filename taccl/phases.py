@@ -58,14 +58,15 @@ STANDARD = {
 }
 
 
-def phase_list(sketch: Sketch, topology, collective: str) -> list:
+def phase_list(sketch: Sketch, topology, collective: str, form: str = "") -> list:
     """The sketch's phases for `collective`: [(phase document, its place in the file)]."""
     ph = sketch.phases
     if ph == "hierarchical":
         if collective not in STANDARD:
             raise UserError(f"\"hierarchical\" phases exist for {', '.join(STANDARD)}, not {collective}",
                             path=sketch.path, where="$.phases")
-        steps = STANDARD[collective] if topology.nodes > 1 else [(collective, "node")]
+        kind = _kind_of(collective, form)
+        steps = STANDARD[kind] if topology.nodes > 1 else [(kind, "node")]
         return [({"collective": k, "groups": g}, "$.phases") for k, g in steps]
     if isinstance(ph, dict):
         if collective not in ph:
@@ -73,6 +74,12 @@ def phase_list(sketch: Sketch, topology, collective: str) -> list:
                             path=sketch.path, where="$.phases")
         return [(d, f"$.phases.{collective}[{i}]") for i, d in enumerate(ph[collective])]
     return [(d, f"$.phases[{i}]") for i, d in enumerate(ph)]
+
+
+def _kind_of(collective: str, form: str) -> str:
+    """The collective whose phases make up this one: a one-shot AllReduce's chunks (each summed at one rank)
+    are reduced like a ReduceScatter's."""
+    return "reducescatter" if form == "one-shot" else collective
 
 
 @dataclass
@@ -170,11 +177,13 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
     for c, r in coll.precondition:
         holders[c][r] = Counter({r: 1}) if coll.combining else Counter({-1: 1})
     plans = []
-    for i, (ph, where) in enumerate(phase_list(sketch, topology, coll.name)):
+    allowed = _ALLOWED[_kind_of(coll.name, coll.form)]
+    what = f"{coll.form} {coll.name}" if coll.form else coll.name
+    for i, (ph, where) in enumerate(phase_list(sketch, topology, coll.name, coll.form)):
         kind, groups = ph["collective"], ph["groups"]
-        if kind not in _ALLOWED[coll.name]:
-            raise UserError(f"a {kind} phase cannot be part of a {coll.name}; allowed: "
-                            f"{', '.join(sorted(_ALLOWED[coll.name]))}", path=sketch.path, where=where + ".collective")
+        if kind not in allowed:
+            raise UserError(f"a {kind} phase cannot be part of a {what}; allowed: {', '.join(sorted(allowed))}",
+                            path=sketch.path, where=where + ".collective")
         if groups == "rail" and topology.nodes < 2:
             raise UserError(f"a rail phase needs several nodes; the topology has {topology.nodes}",
                             path=sketch.path, where=where + ".groups")

@@ -22,7 +22,7 @@ from pathlib import Path
 from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
 from .bounds import lower_bound, lower_bounds
-from .collectives import Collective, load_custom_collective, make_collective
+from .collectives import ALIASES, Collective, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
 from .ordering import Task, best_schedule
@@ -65,7 +65,8 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     elif name.endswith(".json"):
         coll = load_custom_collective(name, topo.num_ranks)
     else:
-        coll = make_collective(name, topo.num_ranks, chunkup, root=sketch.collective_root)
+        form = sketch.allreduce_form if ALIASES.get(name.lower(), name.lower()) == "allreduce" else ""
+        coll = make_collective(name, topo.num_ranks, chunkup, root=sketch.collective_root, form=form)
     if input_size is not None:
         size = parse_size(input_size, where="--size")
     else:
@@ -137,7 +138,7 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
 
         for root in roots:
             at_root = reduce_up(root)
-            if coll.name == "allreduce":
+            if coll.name == "allreduce" and coll.form != "one-shot":  # the sum back to every rank
                 into = {}
 
                 def forward(u):

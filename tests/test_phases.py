@@ -33,7 +33,9 @@ def sketch(tmp_path, phases="hierarchical", nodes=3, collective="allgather", **e
     doc = {"topology": topo_file(tmp_path), "nodes": nodes, "collective": collective, "input_size": "96K",
            "intranode_sketch": {"strategy": "switch", "switches": [[0, 1]], "switch_hyperedge_strategy": "uc-min"},
            "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [0], "1": [1]}},
-           "symmetry_offsets": [[1, 2], [2, 0]], "phases": phases}
+           "symmetry_offsets": [[1, 2], [2, 0]]}
+    if phases is not None:  # None: a flat sketch
+        doc["phases"] = phases
     doc.update(extra)
     return sketch_from_dict(doc, path=str(tmp_path / "hier.json"))
 
@@ -144,3 +146,45 @@ def test_shipped_hierarchical_sketches_plan_every_collective(name):
         for coll in ("allgather", "reducescatter", "allreduce", "alltoall"):
             topo, c, size = resolve(sk, nodes=nodes, collective=coll)
             assert len(build_problems(sk, topo, c, size)) >= 2
+
+
+def test_one_shot_allreduce_layout():
+    """Chunk r*k+i of a one-shot AllReduce is piece i of the whole buffer, summed at rank r."""
+    coll = make_collective("allreduce", 4, 2, form="one-shot")
+    assert (coll.num_chunks, coll.input_chunks, coll.output_chunks) == (8, 2, 2)
+    assert coll.input_index[(5, 0)] == 1 and coll.output_index[(5, 2)] == 1
+    assert {r for c, r in coll.postcondition if c == 5} == {2}
+    assert make_collective("allreduce", 4, 2, form="reduce-broadcast").form == ""
+    with pytest.raises(UserError, match="a allgather has no form 'one-shot'"):
+        make_collective("allgather", 4, 1, form="one-shot")
+
+
+@pytest.mark.parametrize("phases", ["hierarchical", None], ids=["node-then-rail", "flat"])
+def test_one_shot_allreduce_is_proven_and_computes_the_sum(tmp_path, phases):
+    """Every rank's buffer reduced towards every rank, no sum sent back: proven, right on the host runtime."""
+    sk = sketch(tmp_path, phases=phases, collective="allreduce", hyperparameters={"allreduce": "one-shot"})
+    algo = synthesize(sk, options=SynthesisOptions(time_limit_s=20))
+    assert algo.make_collective().form == "one-shot"
+    assert all(t.op == "reduce" for t in algo.transfers)  # one pass: nothing is copied back
+    if phases:
+        assert [p["phase"] for p in algo.stages[0]["phases"]] == ["reducescatter/node", "reducescatter/rail"]
+    program = lower(algo, proto="LL")
+    assert program.nchunksperloop == 1 and program.collective == "allreduce"
+    path = write_program(program, tmp_path / "one-shot.xml")
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import run_program
+
+    report = run_program(path, size=4 * 48, dtype="float32", op="sum")
+    assert report["checked"] and report["wrong"] == 0
+
+
+def test_one_shot_allreduce_takes_reduce_scatter_phases_only(tmp_path):
+    with pytest.raises(UserError, match=r"\$\.phases\[0\]\.collective: a allgather phase cannot be part of a one-shot "
+                                        r"allreduce; allowed: reducescatter"):
+        plan_phases(sketch(tmp_path, collective="allreduce", hyperparameters={"allreduce": "one-shot"},
+                           phases=[{"collective": "allgather", "groups": "node"}]),
+                    Topology(spec_from_dict(NODE), 3), make_collective("allreduce", 6, form="one-shot"))
+    with pytest.raises(UserError, match=r"hyperparameters\.allreduce"):
+        sketch(tmp_path, collective="allreduce", hyperparameters={"allreduce": "two-shot"})
