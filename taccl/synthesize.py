@@ -59,14 +59,12 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     n = nodes or sketch.nodes or 1
     topo = Topology(spec, n)
     name = collective or sketch.collective or "allgather"
-    chunkup = sketch.chunkup
     if sketch.collective_file and not collective:
         coll = load_custom_collective(sketch.collective_file, topo.num_ranks)
     elif name.endswith(".json"):
         coll = load_custom_collective(name, topo.num_ranks)
     else:
-        form = sketch.allreduce_form if ALIASES.get(name.lower(), name.lower()) == "allreduce" else ""
-        coll = make_collective(name, topo.num_ranks, chunkup, root=sketch.collective_root, form=form)
+        coll = sketch_collective(sketch, name, topo.num_ranks)
     if input_size is not None:
         size = parse_size(input_size, where="--size")
     else:
@@ -74,6 +72,12 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     if size <= 0:
         raise UserError("input size must be positive", where="--size")
     return topo, coll, size
+
+
+def sketch_collective(sketch: Sketch, name: str, num_ranks: int) -> Collective:
+    """The built-in collective `name` with the sketch's chunk-up, root and (for AllReduce) form."""
+    form = sketch.allreduce_form if ALIASES.get(name.lower(), name.lower()) == "allreduce" else ""
+    return make_collective(name, num_ranks, sketch.chunkup, root=sketch.collective_root, form=form)
 
 
 def _link_info(prob: Problem, src: int, dst: int):

@@ -258,13 +258,12 @@ def load_sku(path) -> Sku:
 
 def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:
     """Why the sketch cannot be used on `nodes` nodes of `spec` (relay GPUs, switches, symmetry), or None."""
-    from ..collectives import make_collective
-    from ..synthesize import build_problems
+    from ..synthesize import build_problems, sketch_collective
     from ..topology import Topology
 
     try:
         topo = Topology(spec, nodes)
-        coll = make_collective(collective, topo.num_ranks, sketch.chunkup)
+        coll = sketch_collective(sketch, collective, topo.num_ranks)
         build_problems(sketch, topo, coll, 1 << 20)
     except UserError as exc:
         return str(exc)
