@@ -246,3 +246,20 @@ def test_last_partial_sum_reduces_as_it_lands_with_short_steps():
         assert len(forwarding) == 4  # one per chunk, at its hub
         # the fold goes right before it, unless another step of that block lies between them (rank 1 here)
         assert sum(i > 0 and tb.steps[i - 1].type is StepType.REDUCE for tb, i in forwarding) == 3
+
+
+def test_fusion_check_walks_a_block_in_its_real_order():
+    """A fused receive-send sits in its block at its receive's place in the receive order (order_tb), not at
+    its send's position: a plain receive keyed after it waits behind it."""
+    from taccl.lowering.fusion import _block_order
+
+    class Step:  # the two fields the walk reads; compared by identity
+        def __init__(self, at):
+            self.key = self.pos = (at,)
+
+    y0, y1, y2 = Step(1), Step(5), Step(6)  # sends to B
+    x1, r2 = Step(2), Step(3)  # receives from A; x1 fuses with y1
+    assert _block_order([y0, y1, y2], [x1, r2], {x1: y1}) == [y0, y1, r2, y2]
+    # two fused pairs received in one order and sent in the other cannot share a block
+    xa, xb, ya, yb = Step(1), Step(2), Step(2), Step(1)
+    assert _block_order([ya, yb], [xa, xb], {xa: ya, xb: yb}) is None
