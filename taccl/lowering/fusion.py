@@ -104,9 +104,9 @@ def _serial_pairs(instrs):
 def _block_order(sends, receives, fused):
     """The order one thread block would take the sends to B and the receives from A in, as
     `taccl.lowering.schedule.order_tb` does: each connection in event order, a fused step (standing as its
-    send) once it heads both, otherwise the smallest position first. None when the two orders conflict."""
-    recv_chain = sorted([x for x in receives if x not in fused] + list(fused), key=lambda i: i.key)
-    chains = [[fused.get(x, x) for x in recv_chain], sorted(sends, key=lambda i: i.key)]
+    send) once it heads both, otherwise the smallest position first. None when the two orders conflict.
+    `receives` includes the fused ones (the keys of `fused`, each mapped to its send)."""
+    chains = [[fused.get(x, x) for x in sorted(receives, key=lambda i: i.key)], sorted(sends, key=lambda i: i.key)]
     joint = set(fused.values())
     heads, out = [0, 0], []
     while heads[0] < len(chains[0]) or heads[1] < len(chains[1]):
