@@ -35,7 +35,7 @@ link raises `UserError` (``direct`` on an NDv2 node, whose GPUs are not all join
 """
 from __future__ import annotations
 
-from .collectives import ALIASES
+from .collectives import canonical_name
 from .dsl import DSLProgram
 from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS
@@ -51,10 +51,6 @@ BASELINES = {
     "hierarchical": ("allreduce",),
     "two-step": ("alltoall",),
 }
-
-
-def _canon(c: str) -> str:
-    return ALIASES.get(c.lower(), c.lower())
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -382,7 +378,7 @@ def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) ->
     """The traced DSL program of a baseline (not yet lowered)."""
     if name not in BASELINES:
         raise UserError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
-    coll = _canon(collective_name)
+    coll = canonical_name(collective_name)
     if coll not in BASELINES[name]:
         raise UserError(f"baseline {name!r} implements {', '.join(BASELINES[name])}, not {coll!r}")
     if chunkup < 1:

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import heapq
 
-from .collectives import ALIASES, NAMES
+from .collectives import NAMES, canonical_name
 from .errors import UserError
 from .topology import PROTOCOLS
 
@@ -68,7 +68,7 @@ INF = float("inf")
 
 
 def _canon(name: str) -> str:
-    n = ALIASES.get(name.lower(), name.lower())
+    n = canonical_name(name)
     if n not in NAMES:
         raise UserError(f"no lower bound is known for collective {name!r}; known: {', '.join(NAMES)}")
     return n

@@ -89,8 +89,13 @@ class Collective:
 FORMS = {"allreduce": ("reduce-broadcast", "one-shot")}
 
 
+def canonical_name(name: str) -> str:
+    """A collective's name in lower case with its aliases resolved ("AR" -> "allreduce"); not checked."""
+    return ALIASES.get(str(name).lower(), str(name).lower())
+
+
 def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0, form: str = "") -> Collective:
-    name = ALIASES.get(name.lower(), name.lower())
+    name = canonical_name(name)
     if name not in NAMES:
         raise UserError(f"unknown collective {name!r}; known: {', '.join(NAMES)} (or a JSON file with a custom one)")
     if form and form not in FORMS.get(name, ()):

@@ -22,7 +22,7 @@ from pathlib import Path
 from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
 from .bounds import lower_bound, lower_bounds
-from .collectives import ALIASES, Collective, load_custom_collective, make_collective
+from .collectives import Collective, canonical_name, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
 from .ordering import Task, best_schedule
@@ -76,7 +76,7 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
 
 def sketch_collective(sketch: Sketch, name: str, num_ranks: int) -> Collective:
     """The built-in collective `name` with the sketch's chunk-up, root and (for AllReduce) form."""
-    form = sketch.allreduce_form if ALIASES.get(name.lower(), name.lower()) == "allreduce" else ""
+    form = sketch.allreduce_form if canonical_name(name) == "allreduce" else ""
     return make_collective(name, num_ranks, sketch.chunkup, root=sketch.collective_root, form=form)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from ..baselines import BASELINES
-from ..collectives import ALIASES, NAMES
+from ..collectives import NAMES, canonical_name
 from ..errors import UserError
 from ..fileio import json_path, load_json, load_schema
 from ..sketch import sketch_from_dict
@@ -133,7 +133,7 @@ def _parse(path: Path):
 
 
 def _canon_collective(name: str):
-    c = ALIASES.get(str(name).lower(), str(name).lower())
+    c = canonical_name(name)
     return c if c in NAMES else None
 
 
