@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from taccl.batch import dry_run, load_sku, plan, run_batch
-from taccl.batch.selection import Contender, _picks
+from taccl.batch.selection import TIE_TOLERANCE, Contender, _picks, target_shortfall
 from taccl.cli import main
 from taccl.errors import UserError
 from taccl.topology import load_topology
@@ -325,3 +325,17 @@ def test_tolerance_gives_the_fewest_windows():
     assert [c.label for c in _picks(ok, 4, 0.0)] == ["ring", "b", "b", "b"]  # tie at size 0 goes to the baseline
     assert [c.label for c in _picks(ok, 4, 0.03)] == ["b", "b", "b", "b"]
     assert _picks([], 3, 0.0) == [None, None, None]
+
+
+def test_target_counts_a_tie_with_the_baseline_but_not_a_loss():
+    # synthesized and baseline equal to the model's precision, within 1.1x of the optimum: met
+    assert target_shortfall(9.80, 9.79, 9.0) is None
+    assert target_shortfall(7.37, 7.37, 7.3) is None
+    # a real loss, however close to the optimum
+    slower = 9.79 * (1 + 2 * TIE_TOLERANCE)
+    assert "slower than the best baseline" in target_shortfall(slower, 9.79, 9.7)
+    # a tie far from the optimum misses on the second condition
+    assert "1.00x the best baseline, 1.55x the optimum" == target_shortfall(11.6, 11.6, 7.5)
+    # no baseline: only the optimum counts
+    assert target_shortfall(8.0, None, 7.5) is None
+    assert target_shortfall(None, 7.0, 7.0) == "no synthesized program"

@@ -135,9 +135,12 @@ def _lower_bounds(topology, collective: str, sizes, *, optimum: bool = False) ->
 
 
 # The quality target: the best synthesized program is never slower than the best baseline, and it is either
-# this much faster or this close to the optimum.
+# this much faster or this close to the optimum. Two times within TIE_TOLERANCE are a tie, not a loss: the
+# same algorithm synthesized and hand-written differs by float summation order or a step's place in its
+# block (0.01 us of 10), far below what the calibrated model can tell apart.
 TARGET_SPEEDUP = 1.1
 TARGET_VS_OPTIMUM = 1.1
+TIE_TOLERANCE = 0.005
 
 
 def target_shortfall(syn: float | None, base: float | None, opt: float | None) -> str | None:
@@ -145,7 +148,7 @@ def target_shortfall(syn: float | None, base: float | None, opt: float | None) -
     optimum `opt` (None: meets it)."""
     if syn is None:
         return "no synthesized program"
-    if base is not None and syn > base * (1 + 1e-9):
+    if base is not None and syn > base * (1 + TIE_TOLERANCE):
         return f"best synthesized {syn:.1f} us is slower than the best baseline {base:.1f} us"
     if (base is None or base / syn < TARGET_SPEEDUP) and (opt is None or syn / opt > TARGET_VS_OPTIMUM):
         sp = f"{base / syn:.2f}x the best baseline" if base else "no baseline"
