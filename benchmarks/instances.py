@@ -32,6 +32,18 @@ INSTANCES = [
     ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch", None),
 ]
 
+# Companions (benchmarks/quality.py): sketches for other message sizes that a user, and the SKU files in
+# sketches/skus/, synthesize beside an instance's own for the same collective and nodes, each at its own input
+# size: the one-shot AllReduce forms and the flat one-hop sketches. The instance's best synthesized program is
+# the best over its sketch and these, as a batch's selection would pick it.
+COMPANIONS = {
+    "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json"],
+    "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json"],
+    "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
+                                           "dgx-h100-direct.json"],
+    "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
+}
+
 REFERENCE_ROUTING_SIZE = {
     "2x DGX-2 AllGather sk-1 1MB": (133_377, 258_689, 65_792),
     "2x NDv2 AllToAll sk-1": (135_169, 219_213, 65_536),

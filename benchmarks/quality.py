@@ -3,17 +3,19 @@
 For every instance of the synthesis benchmark (benchmarks/instances.py, group "core" by default) the sketch
 is synthesized (`taccl.synthesize.synthesize`) in every protocol and instance count at each synthesis size,
 as a SKU's batch does (64 KiB and 16 MiB by default, plus the instance's own size; at the largest also with
-each chunk cut in two), lowered (`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the
-calibrated model) at sizes 1 KiB to 1 GiB, as is every applicable baseline (`taccl.baselines`: NCCL's rings
-and trees, the all-pairs and one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and
-4 instances, no executor step limit). Printed per instance and size: the fastest of each side, the optimum
+each chunk cut in two), and so are the instance's companions (`instances.COMPANIONS`: the one-shot and
+one-hop sketches for small messages that the SKUs synthesize beside it, each at its own input size). Each
+program is lowered (`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the calibrated model)
+at sizes 1 KiB to 1 GiB, as is every applicable baseline (`taccl.baselines`: NCCL's rings and trees, the
+all-pairs and one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and 4 instances,
+no executor step limit). Printed per instance and size: the fastest of each side, the optimum
 (the lower bound; for AllReduce the reduce-scatter plus all-gather optimum), the speedup, and whether the
 size meets the target of `taccl.batch.selection` (no slower than the best baseline, and 1.1x faster than it
 or within 1.1x of the optimum).
 
     python benchmarks/quality.py [--groups core] [--sizes 1K:1G:4] [--time-limit 30] [--only LABEL]
                                  [--instances 1,4] [--synthesis-sizes 64K,16M]
-                                 [--large-chunkups 2]
+                                 [--large-chunkups 2] [--no-companions]
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from instances import INSTANCES, SKETCHES  # noqa: E402
+from instances import COMPANIONS, INSTANCES, SKETCHES  # noqa: E402
 
 from taccl.baselines import BASELINES, applicable, build  # noqa: E402
 from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, target_shortfall  # noqa: E402
@@ -50,18 +52,24 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
     syn, base, notes = {}, {}, []
     synthesis_sizes = sorted({parse_size(x) for x in args.synthesis_sizes.split(",")} | {own_size})
     # large messages also get finer chunks (more pipelining between phases and hops), as the SKUs do
-    runs = [(at, sk.chunkup) for at in synthesis_sizes] + [
-        (synthesis_sizes[-1], cu) for cu in args.large_chunkups if cu != sk.chunkup]
-    for at, chunkup in runs:
-        sk_at = dataclasses.replace(sk, chunkup=chunkup)
+    runs = [(sk, at, sk.chunkup, "") for at in synthesis_sizes] + [
+        (sk, synthesis_sizes[-1], cu, "") for cu in args.large_chunkups if cu != sk.chunkup]
+    # companions (instances.COMPANIONS): other sketches for the same job, each at its own input size
+    for other in COMPANIONS.get(label, []) if args.companions else []:
+        csk = load_sketch(SKETCHES / other)
+        runs.append((csk, resolve(csk, nodes=topo.nodes, collective=collective.name)[2], csk.chunkup,
+                     f"{csk.name}/"))
+    for sk_run, at, chunkup, prefix in runs:
+        sk_at = dataclasses.replace(sk_run, chunkup=chunkup)
         for proto in PROTOCOLS:
             for inst in args.instances:
-                name = f"{proto}.i{inst}" + (f".c{chunkup}" if chunkup != sk.chunkup else "") + f"@{format_size(at)}"
+                name = (f"{prefix}{proto}.i{inst}" + (f".c{chunkup}" if chunkup != sk_run.chunkup else "")
+                        + f"@{format_size(at)}")
                 try:
-                    algo = synthesize(sk_at, nodes=nodes, collective=coll, input_size=at,
+                    algo = synthesize(sk_at, nodes=topo.nodes, collective=collective.name, input_size=at,
                                       options=SynthesisOptions(time_limit_s=args.time_limit, threads=1,
                                                                proto=proto, instances=inst))
-                    sim = Simulator(lower(algo, max_tbs=max_tbs), topo)
+                    sim = Simulator(lower(algo, max_tbs=max_tbs, topology=topo), topo)
                     syn[name] = [sim.run(s).time_us for s in sizes]
                 except TacclError as exc:
                     notes.append(f"{name}: {str(exc).splitlines()[0][:80]}")
@@ -80,7 +88,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                 base[f"{name}/{proto}.i{inst}"] = [sim.run(s).time_us for s in sizes]
     print(f"\n## {label}: {collective.name} on {topo.name} x{topo.nodes} ({topo.num_ranks} ranks); "
           f"{len(syn)} synthesized variants in {t_syn:.1f} s" + (f"; failed: {'; '.join(notes)}" if notes else ""))
-    print(f"{'size':>8} {'synth us':>10} {'variant':>18} {'base us':>10} {'baseline':>26} {'speedup':>7} "
+    print(f"{'size':>8} {'synth us':>10} {'variant':>34} {'base us':>10} {'baseline':>26} {'speedup':>7} "
           f"{'optimum':>10} {'x opt':>6}  target")
     met = total = 0
     for k, s in enumerate(sizes):
@@ -91,7 +99,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
         ok = target_shortfall(bs[1][k] if bs else None, bb[1][k] if bb else None, opt) is None
         met += ok
         total += 1
-        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>18} "
+        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>34} "
               f"{bb[1][k] if bb else float('nan'):10.1f} {bb[0] if bb else '-':>26} "
               f"{bb[1][k] / bs[1][k] if bb and bs else float('nan'):7.2f} {opt:10.1f} "
               f"{bs[1][k] / opt if bs else float('nan'):6.2f}  {'yes' if ok else 'NO'}")
@@ -109,6 +117,8 @@ def main(argv=None) -> int:
                     help="input sizes to synthesize at, besides the instance's own (default 64K,16M, as the SKUs)")
     ap.add_argument("--large-chunkups", default="2",
                     help="chunk-ups also tried at the largest synthesis size (default 2, as the SKUs)")
+    ap.add_argument("--no-companions", dest="companions", action="store_false",
+                    help="synthesize the instance's own sketch only, not its companions (instances.COMPANIONS)")
     args = ap.parse_args(argv)
     args.instances = [int(x) for x in args.instances.split(",")]
     args.large_chunkups = [int(x) for x in args.large_chunkups.split(",") if x]
