@@ -53,7 +53,7 @@ def main(argv=None) -> int:
         if not args.no_sim:
             topo = resolve(sk, nodes=nodes, collective=coll, input_size=size)[0]
             try:  # the written program, simulated at the size it was synthesized for
-                sim_us = Simulator(lower(algo, max_tbs=topo.spec.sm_count or 108), topo).run(algo.input_size_bytes).time_us
+                sim_us = Simulator(lower(algo, max_tbs=topo.spec.sm_count or 108, topology=topo), topo).run(algo.input_size_bytes).time_us
                 sim = f"{sim_us:.2f}"
             except TacclError as exc:
                 sim = f"({str(exc).splitlines()[0][:40]})"

@@ -63,6 +63,17 @@ class Algorithm:
     instances: int = 1  # thread blocks per connection the costs assume and the lowering uses by default
     call_us: float = 0.0  # the runtime's fixed cost per call, included in time_us
 
+    def load_topology(self):
+        """The Topology it was synthesized on: its topology file where it still is, else the built-in of that
+        name (`UserError` if neither)."""
+        from pathlib import Path
+
+        from .topology import load_topology
+
+        path = self.topology.get("path")
+        return load_topology(path if path and Path(path).is_file() else self.topology["name"],
+                             int(self.topology["nodes"]))
+
     def to_json(self) -> dict:
         doc = {"format": FORMAT}
         doc.update(asdict(self))

@@ -263,3 +263,33 @@ def test_fusion_check_walks_a_block_in_its_real_order():
     # two fused pairs received in one order and sent in the other cannot share a block
     xa, xb, ya, yb = Step(1), Step(2), Step(2), Step(1)
     assert _block_order([ya, yb], [xa, xb], {xa: ya, xb: yb}) is None
+
+
+def _fused_steps(prog) -> int:
+    fused = (StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_SEND, StepType.RECV_REDUCE_COPY_SEND)
+    return sum(s.type in fused for g in prog.gpus for tb in g.threadblocks for s in tb.steps)
+
+
+def test_with_a_topology_the_faster_fusion_policy_is_kept():
+    # 2x DGX H100 AllToAll through the rails: the schedule check keeps each relay's forwards to the NIC in
+    # one block behind a flag wait per chunk; fusing them (each local peer's chunks on their own channel)
+    # is faster on the calibrated model, and `lower` with the topology returns that program
+    from pathlib import Path
+
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="alltoall",
+                      input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
+    topo = algo.load_topology()
+    kept, eager = lower(algo, keep_schedule=True), lower(algo, keep_schedule=False)
+    assert _fused_steps(eager) > _fused_steps(kept)
+    best = lower(algo, topology=topo)
+    assert program_to_xml(best) in (program_to_xml(kept), program_to_xml(eager))
+    times = {name: Simulator(p, topo).run(algo.input_size_bytes).time_us
+             for name, p in (("kept", kept), ("eager", eager), ("best", best))}
+    assert times["eager"] < times["kept"] and times["best"] == times["eager"]
+    assert check_program(best).ok
+    assert program_to_xml(lower(algo)) == program_to_xml(kept)  # no topology: the schedule's fusion

@@ -252,7 +252,7 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
             algo = Algorithm.from_json(algo_record["algorithm"])
             # the algorithm's own instance count is left to `lower`, which halves it if the blocks do not fit
             program = lower(algo, instances=None if prog.instances == algo.instances else prog.instances,
-                            proto=prog.proto, max_tbs=task.max_tbs, name=prog.label)
+                            proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo)
         else:
             from ..baselines import build
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..algorithm import Algorithm
+from ..errors import UserError
 from ..fileio import load_json
 from ..lowering import DEFAULT_MAX_TBS, lower, write_program
 from ..units import parse_size
@@ -44,10 +45,14 @@ def default_output(algo_path: str) -> Path:
 
 def run(args) -> int:
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
+    try:  # on the topology it was synthesized for, `lower` keeps the faster of its two fusion policies
+        topology = algo.load_topology()
+    except UserError:
+        topology = None  # its topology file is gone: fuse as the schedule says
     program = lower(algo, instances=args.instances, proto=args.proto,
                     min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
                     max_bytes=parse_size(args.max_bytes, where="--max-bytes"), max_tbs=args.max_tbs,
-                    fuse=not args.no_fusion)
+                    fuse=not args.no_fusion, topology=topology)
     out = Path(args.output) if args.output else default_output(args.algorithm)
     write_program(program, out, dialect=args.dialect)
     if not args.quiet:

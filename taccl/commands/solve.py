@@ -91,7 +91,8 @@ def _lower(algo, args, report):
     from ..lowering import lower, serve_inplace
 
     report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
-    program = lower(algo)
+    # on the topology it was synthesized for, `lower` keeps the faster of its two fusion policies
+    program = lower(algo, topology=algo.load_topology())
     if serve_inplace(program):
         report("the program also serves in-place calls (proven with input and output aliased)")
     return program

@@ -13,8 +13,9 @@ check                 `taccl.checker.check_program`: a program that fails is nev
 
 Public API
 ----------
-``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108) -> Program``
-    (instances and protocol default to the algorithm's)
+``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, topology=None)
+-> Program``
+    (instances and protocol default to the algorithm's; with a topology, the faster of two fusion policies)
 ``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
 ``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
 """
@@ -51,6 +52,7 @@ class LoweringOptions:
     max_tbs: int = DEFAULT_MAX_TBS
     max_steps: int = DEFAULT_MAX_STEPS
     fuse: bool = True
+    keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
     check: bool = True
 
     def validate(self) -> None:
@@ -72,21 +74,48 @@ class LoweringOptions:
 
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
-          name: str | None = None) -> Program:
+          name: str | None = None, topology=None, keep_schedule: bool | None = None) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
     `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
     instance count needs more thread blocks than `max_tbs` (every instance repeats the blocks), it is halved
     until the program fits (fewer channels: the XML's `nchannels` shows it).
+
+    Fusion puts a receive and the send that forwards it into one step, which ties their two connections to
+    one thread block. `keep_schedule=True` fuses only where the solver's schedule says the two never
+    overlap; False fuses wherever the rules allow. The schedule is a model too (it does not see the flag
+    wait between two blocks that fusion saves), so neither choice wins everywhere: with a `topology` and no
+    `keep_schedule`, both are lowered and the one the calibrated simulator finds faster at the algorithm's
+    input size is returned (the schedule's on a tie); without a topology the schedule is kept.
+
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     """
+    kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
+              fuse=fuse, check=check, name=name)
+    if keep_schedule is not None or topology is None or not fuse:
+        return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)
+    kept = _lower_one(algorithm, keep_schedule=True, **kw)
+    try:
+        eager = _lower_one(algorithm, keep_schedule=False, **kw)
+    except UserError:
+        return kept  # within the runtime's limits only with the schedule's fusion
+    if _fingerprint(eager) == _fingerprint(kept):
+        return kept
+    from ..simulator import Simulator
+
+    size = algorithm.input_size_bytes
+    return eager if Simulator(eager, topology).run(size).time_us < Simulator(kept, topology).run(size).time_us else kept
+
+
+def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
+               keep_schedule) -> Program:
     n = algorithm.instances if instances is None else instances
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
     while True:
         opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
-                               max_tbs=max_tbs, fuse=fuse, check=check)
+                               max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule, check=check)
         opts.validate()
         # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a
         # converging reduction is reduced as it lands rather than received aside and folded (measured on
@@ -167,7 +196,7 @@ def _no_gc():
 
 def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False) -> Program | None:
     instrs = generate(ops, coll.num_ranks)
-    if mode is not None and not fuse(instrs, mode=mode):
+    if mode is not None and not fuse(instrs, mode=mode, keep_schedule=opts.keep_schedule):
         return None
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,

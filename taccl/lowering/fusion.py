@@ -2,9 +2,10 @@
 
 Rewrite rules, applied to a receive X (``r`` or ``rrc``) on rank R whose only reader is a send Y on R that
 reads exactly the slots X wrote and nothing else (so X is Y's only dependency; with more readers, they
-would all wait for the fused send), and, for a synthesized algorithm, only where its schedule never
-overlaps the transfers of X's and Y's connections (a fused step puts both in one thread block, which
-would serialise them):
+would all wait for the fused send), and, for a synthesized algorithm with ``keep_schedule`` (the default),
+only where its schedule never overlaps the transfers of X's and Y's connections (a fused step puts both in
+one thread block, which would serialise them; `taccl.lowering.lower` with a topology also tries without
+this check and keeps the faster program):
 
 - ``r``   + ``s``  -> ``rcs``   receive, store, forward;
 - ``rrc`` + ``s``  -> ``rrcs``  receive, reduce, store, forward;
@@ -122,9 +123,10 @@ def _block_order(sends, receives, fused):
     return out
 
 
-def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True) -> bool:
-    """Fuse in place; absorbed sends are marked ``dead``. Returns True."""
-    serial = _serial_pairs(instrs)
+def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True, keep_schedule: bool = True) -> bool:
+    """Fuse in place; absorbed sends are marked ``dead``. Returns True. ``keep_schedule=False`` skips the
+    schedule check (`_serial_pairs`): every pair the rules allow is fused."""
+    serial = _serial_pairs(instrs) if keep_schedule else None
     if mode == "natural":
         return _fuse_natural(instrs, allow_rrs, serial)
     heap = [(x.key, x.id) for x in instrs if x.type in _FUSED]
