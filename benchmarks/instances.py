@@ -34,13 +34,14 @@ INSTANCES = [
 
 # Companions (benchmarks/quality.py): sketches for other message sizes that a user, and the SKU files in
 # sketches/skus/, synthesize beside an instance's own for the same collective and nodes, each at its own input
-# size: the one-shot AllReduce forms and the flat one-hop sketches. The instance's best synthesized program is
-# the best over its sketch and these, as a batch's selection would pick it.
+# size: the one-shot AllReduce forms, the flat one-hop sketches and the flat rail-aligned one for the largest
+# H100 messages. The instance's best synthesized program is the best over its sketch and these, as a batch's
+# selection would pick it.
 COMPANIONS = {
     "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json"],
-    "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json"],
+    "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
-                                           "dgx-h100-direct.json"],
+                                           "dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
 }
 
