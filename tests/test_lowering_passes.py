@@ -248,6 +248,33 @@ def test_last_partial_sum_reduces_as_it_lands_with_short_steps():
         assert sum(i > 0 and tb.steps[i - 1].type is StepType.REDUCE for tb, i in forwarding) == 3
 
 
+
+def test_the_partial_that_lands_last_is_the_one_reduced_as_it_lands():
+    """A partial sum that crosses a slow link is sent first and lands last: it, not the one sent last, is
+    reduced as it lands (LL), with the others folded before it in its block; nothing waits on another
+    block's fold once it arrives. A move past a transfer on its own connection is refused."""
+    from taccl.lowering.buffers import _latest_arrival_last, transfer_order
+
+    coll = make_collective("reducescatter", 4, 1)
+    tr = []
+    for c in range(4):  # every other rank sends its partial of chunk c to rank c; the one from c+1 is slow
+        for k, src in enumerate(r for r in range(4) if r != c):
+            tr.append(Transfer(id=len(tr), chunks=(c,), src=src, dst=c, op="reduce", send_us=float(k),
+                               arrive_us=10.0 if src == (c + 1) % 4 else k + 1.0))
+    algo = _algo("rs-slow", coll, tr)
+    moved = [(t.src, t.dst) for t in _latest_arrival_last(transfer_order(tr))]
+    for c in range(4):
+        assert [s for s, d in moved if d == c][-1] == (c + 1) % 4
+    program = _roundtrip(lower(algo, proto="LL"))
+    for c, gpu in enumerate(program.gpus):
+        [last] = [tb for tb in gpu.threadblocks
+                  if any(s.type is StepType.RECV_REDUCE_COPY for s in tb.steps)]
+        assert last.recv == (c + 1) % 4 and last.steps[-1].type is StepType.RECV_REDUCE_COPY
+    # the same slow partial behind another transfer on its connection stays where it is
+    blocker = Transfer(id=len(tr), chunks=(1,), src=1, dst=0, op="copy", send_us=1.5, arrive_us=2.5)
+    ids = [t.id for t in _latest_arrival_last(transfer_order(tr + [blocker]))]
+    assert ids.index(0) < ids.index(blocker.id) < ids.index(2)  # 0 is rank 0's slow partial, 2 its last sent
+
 def test_fusion_check_walks_a_block_in_its_real_order():
     """A fused receive-send sits in its block at its receive's place in the receive order (order_tb), not at
     its send's position: a plain receive keyed after it waits behind it."""

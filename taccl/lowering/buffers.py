@@ -106,6 +106,50 @@ def _converging_reductions(order: list, direct_last: bool) -> dict:
     return out
 
 
+def _latest_arrival_last(order: list, max_span: int = 4096) -> list:
+    """`order` with the partial sum that arrives last (the solver's arrival time) of each converging reduction
+    moved to the end of its run, where that is safe: the direct one of `direct_last` should be the one the
+    others are folded before, not the one sent last (a partial that crosses the network is sent early and
+    lands late). It moves only past transfers that neither touch its chunks on its two ranks, nor use its
+    connection, nor depend on it, and at most `max_span` places (the check scans them)."""
+    touches = {}  # (chunk, rank) -> positions of the transfers reading or writing it
+    for pos, t in enumerate(order):
+        for c in t.chunks:
+            touches.setdefault((c, t.src), []).append(pos)
+            touches.setdefault((c, t.dst), []).append(pos)
+    moves = {}  # position -> the run end it goes right after
+    for (c, r), positions in touches.items():
+        run = [p for p in positions if order[p].dst == r and order[p].op == REDUCE]
+        if len(run) < 2 or run != positions[-len(run):]:
+            continue  # only a run of reductions that ends this copy's history (nothing reads it in between)
+        latest, end = max(run, key=lambda p: (order[p].arrive_us, p)), run[-1]
+        if latest != end and end - latest <= max_span and _can_move_later(order, latest, end):
+            moves[latest] = min(moves.get(latest, end), end)  # a transfer of several chunks: the earliest end
+    ends = set(moves.values())
+    moves = {i: j for i, j in moves.items() if i not in ends and j not in moves}  # no chains of moves
+    follow = {}
+    for i, j in sorted(moves.items()):
+        follow.setdefault(j, []).append(order[i])
+    out = []
+    for pos, t in enumerate(order):
+        if pos not in moves:
+            out.append(t)
+            out += follow.get(pos, [])
+    return out
+
+
+def _can_move_later(order: list, i: int, j: int) -> bool:
+    t = order[i]
+    mine = {(c, r) for c in t.chunks for r in (t.src, t.dst)}
+    for u in order[i + 1:j + 1]:
+        if t.id in u.deps or t.id in u.after or (u.src, u.dst) == (t.src, t.dst):
+            return False
+        if any((c, u.src) in mine or ((c, u.dst) in mine and not (u.dst == t.dst and u.op == REDUCE
+                                                                    and t.op == REDUCE)) for c in u.chunks):
+            return False
+    return True
+
+
 def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False) -> list:
     """The ChunkOps of an Algorithm (see the module docstring; `direct_last`: `_converging_reductions`)."""
     R = coll.num_ranks
@@ -128,6 +172,8 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
 
     ops = []
     order = transfer_order(algo.transfers)
+    if direct_last:
+        order = _latest_arrival_last(order)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
     staged = _converging_reductions(order, direct_last)
     for pos, t in enumerate(order):
