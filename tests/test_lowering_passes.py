@@ -320,3 +320,24 @@ def test_with_a_topology_the_faster_fusion_policy_is_kept():
     assert times["eager"] < times["kept"] and times["best"] == times["eager"]
     assert check_program(best).ok
     assert program_to_xml(lower(algo)) == program_to_xml(kept)  # no topology: the schedule's fusion
+
+
+def test_with_a_topology_no_fusion_is_kept_where_it_is_fastest():
+    # 2x DGX H100 ReduceScatter over the rails at 256 MiB: a fused receive-reduce-send ties a block to the
+    # network receive and to a local send, and that block takes its local sends first while the NIC's
+    # partial sums wait (back-pressure on the network); unfused, each connection has its own block
+    from pathlib import Path
+
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="reducescatter",
+                      options=SynthesisOptions(time_limit_s=20))
+    topo = algo.load_topology()
+    best = lower(algo, topology=topo)
+    assert _fused_steps(best) == 0 and check_program(best).ok
+    assert program_to_xml(best) == program_to_xml(lower(algo, fuse=False))
+    time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    assert time_of(best) < min(time_of(lower(algo, keep_schedule=k)) for k in (True, False))

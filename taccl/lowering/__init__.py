@@ -84,9 +84,11 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     Fusion puts a receive and the send that forwards it into one step, which ties their two connections to
     one thread block. `keep_schedule=True` fuses only where the solver's schedule says the two never
     overlap; False fuses wherever the rules allow. The schedule is a model too (it does not see the flag
-    wait between two blocks that fusion saves), so neither choice wins everywhere: with a `topology` and no
-    `keep_schedule`, both are lowered and the one the calibrated simulator finds faster at the algorithm's
-    input size is returned (the schedule's on a tie); without a topology the schedule is kept.
+    wait between two blocks that fusion saves, nor that a block holding a fused step takes every other step
+    of its two connections in one order), so no choice wins everywhere: with a `topology` and no
+    `keep_schedule`, both, and no fusion at all, are lowered and the one the calibrated simulator finds
+    fastest at the algorithm's input size is returned (the schedule's on a tie); without a topology the
+    schedule is kept.
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
@@ -95,17 +97,21 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
               fuse=fuse, check=check, name=name)
     if keep_schedule is not None or topology is None or not fuse:
         return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)
-    kept = _lower_one(algorithm, keep_schedule=True, **kw)
-    try:
-        eager = _lower_one(algorithm, keep_schedule=False, **kw)
-    except UserError:
-        return kept  # within the runtime's limits only with the schedule's fusion
-    if _fingerprint(eager) == _fingerprint(kept):
-        return kept
+    candidates = [_lower_one(algorithm, keep_schedule=True, **kw)]
+    for other in (dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)):
+        try:
+            program = _lower_one(algorithm, **{**kw, **other})
+        except UserError:
+            continue  # within the runtime's limits only with more fusion
+        if all(_fingerprint(program) != _fingerprint(c) for c in candidates):
+            candidates.append(program)
+    if len(candidates) == 1:
+        return candidates[0]
     from ..simulator import Simulator
 
     size = algorithm.input_size_bytes
-    return eager if Simulator(eager, topology).run(size).time_us < Simulator(kept, topology).run(size).time_us else kept
+    times = [Simulator(c, topology).run(size).time_us for c in candidates]
+    return candidates[times.index(min(times))]  # the first, the schedule's fusion, on a tie
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
