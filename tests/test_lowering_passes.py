@@ -341,3 +341,25 @@ def test_with_a_topology_no_fusion_is_kept_where_it_is_fastest():
     assert program_to_xml(best) == program_to_xml(lower(algo, fuse=False))
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
     assert time_of(best) < min(time_of(lower(algo, keep_schedule=k)) for k in (True, False))
+
+
+def test_a_tie_at_the_input_size_goes_to_the_least_latency():
+    # 2x NDv2 AllToAll through the hierarchy, LL at 1 MB: the three fusion policies take the same time
+    # there (bandwidth-bound), and eager fusion is the fastest at 1 KiB
+    from pathlib import Path
+
+    from taccl.lowering import TIE_TOLERANCE
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "ndv2-hier.json"), collective="alltoall", input_size="1M",
+                      options=SynthesisOptions(time_limit_s=20, proto="LL", instances=1))
+    topo = algo.load_topology()
+    programs = [lower(algo, keep_schedule=True), lower(algo, keep_schedule=False), lower(algo, fuse=False)]
+    at_size = [Simulator(p, topo).run(algo.input_size_bytes).time_us for p in programs]
+    assert max(at_size) <= min(at_size) * (1 + TIE_TOLERANCE)
+    at_1k = [Simulator(p, topo).run(1024).time_us for p in programs]
+    assert at_1k[1] < min(at_1k[0], at_1k[2])
+    assert program_to_xml(lower(algo, topology=topo)) == program_to_xml(programs[1])

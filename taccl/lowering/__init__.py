@@ -72,6 +72,10 @@ class LoweringOptions:
             raise UserError(f"--max-tbs must be at least 1, got {self.max_tbs}")
 
 
+# lowered programs whose simulated times differ by less than this are a tie (as `taccl.batch.selection`'s)
+TIE_TOLERANCE = 0.005
+
+
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None) -> Program:
@@ -87,8 +91,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     wait between two blocks that fusion saves, nor that a block holding a fused step takes every other step
     of its two connections in one order), so no choice wins everywhere: with a `topology` and no
     `keep_schedule`, both, and no fusion at all, are lowered and the one the calibrated simulator finds
-    fastest at the algorithm's input size is returned (the schedule's on a tie); without a topology the
-    schedule is kept.
+    fastest at the algorithm's input size is returned; within `TIE_TOLERANCE` of each other, the fastest at
+    a size 1024 times smaller (at least 1 KiB), then the schedule's. Without a topology the schedule is
+    kept.
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
@@ -111,7 +116,13 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
 
     size = algorithm.input_size_bytes
     times = [Simulator(c, topology).run(size).time_us for c in candidates]
-    return candidates[times.index(min(times))]  # the first, the schedule's fusion, on a tie
+    near = [i for i, t in enumerate(times) if t <= min(times) * (1 + TIE_TOLERANCE)]
+    if len(near) == 1:
+        return candidates[near[0]]
+    # bandwidth-bound alike at the input size: the one with the least latency serves the sizes below it best
+    small = max(1024, size // 1024)
+    latency = {i: Simulator(candidates[i], topology).run(small).time_us for i in near}
+    return candidates[min(near, key=lambda i: (latency[i], i))]  # the first, the schedule's fusion, on a tie
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
