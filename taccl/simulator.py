@@ -51,8 +51,13 @@ from .errors import CheckFailed, UserError
 from .program import Program, Proto, StepType
 from .topology import DEFAULT_ALPHA_FACTOR, DEFAULT_BW_FACTOR, ProtoCost, lanes_and_rate
 
-__all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TILE_BYTES", "PROTO_BW_FACTOR",
-           "PROTO_ALPHA_FACTOR", "Simulator"]
+__all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TIE_TOLERANCE", "TILE_BYTES",
+           "PROTO_BW_FACTOR", "PROTO_ALPHA_FACTOR", "Simulator"]
+
+# Two simulated times within this fraction of each other are a tie: the same algorithm synthesized and
+# hand-written, or lowered with another fusion policy, differs by float summation order or a step's place in
+# its block (0.01 us of 10), far below what the calibrated model can tell apart.
+TIE_TOLERANCE = 0.005
 
 TILE_BYTES = {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}
 PROTO_BW_FACTOR = {Proto(p): f for p, f in DEFAULT_BW_FACTOR.items()}

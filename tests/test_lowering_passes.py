@@ -348,8 +348,7 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
     # there (bandwidth-bound), and eager fusion is the fastest at 1 KiB
     from pathlib import Path
 
-    from taccl.lowering import TIE_TOLERANCE
-    from taccl.simulator import Simulator
+    from taccl.simulator import TIE_TOLERANCE, Simulator
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
 

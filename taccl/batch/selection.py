@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..fileio import atomic_write, write_json
+from ..simulator import TIE_TOLERANCE
 from ..units import format_size
 from .jobs import Task, tool_version
 
@@ -135,12 +136,10 @@ def _lower_bounds(topology, collective: str, sizes, *, optimum: bool = False) ->
 
 
 # The quality target: the best synthesized program is never slower than the best baseline, and it is either
-# this much faster or this close to the optimum. Two times within TIE_TOLERANCE are a tie, not a loss: the
-# same algorithm synthesized and hand-written differs by float summation order or a step's place in its
-# block (0.01 us of 10), far below what the calibrated model can tell apart.
+# this much faster or this close to the optimum. Two times within `taccl.simulator.TIE_TOLERANCE` are a
+# tie, not a loss.
 TARGET_SPEEDUP = 1.1
 TARGET_VS_OPTIMUM = 1.1
-TIE_TOLERANCE = 0.005
 
 
 def target_shortfall(syn: float | None, base: float | None, opt: float | None) -> str | None:

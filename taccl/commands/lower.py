@@ -45,7 +45,7 @@ def default_output(algo_path: str) -> Path:
 
 def run(args) -> int:
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
-    try:  # on the topology it was synthesized for, `lower` keeps the faster of its two fusion policies
+    try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
         topology = algo.load_topology()
     except UserError:
         topology = None  # its topology file is gone: fuse as the schedule says

@@ -91,7 +91,7 @@ def _lower(algo, args, report):
     from ..lowering import lower, serve_inplace
 
     report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
-    # on the topology it was synthesized for, `lower` keeps the faster of its two fusion policies
+    # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
     program = lower(algo, topology=algo.load_topology())
     if serve_inplace(program):
         report("the program also serves in-place calls (proven with input and output aliased)")

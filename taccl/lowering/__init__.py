@@ -15,7 +15,7 @@ Public API
 ----------
 ``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, topology=None)
 -> Program``
-    (instances and protocol default to the algorithm's; with a topology, the faster of two fusion policies)
+    (instances and protocol default to the algorithm's; with a topology, the fastest of three fusion policies)
 ``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
 ``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
 """
@@ -72,10 +72,6 @@ class LoweringOptions:
             raise UserError(f"--max-tbs must be at least 1, got {self.max_tbs}")
 
 
-# lowered programs whose simulated times differ by less than this are a tie (as `taccl.batch.selection`'s)
-TIE_TOLERANCE = 0.005
-
-
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None) -> Program:
@@ -91,9 +87,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     wait between two blocks that fusion saves, nor that a block holding a fused step takes every other step
     of its two connections in one order), so no choice wins everywhere: with a `topology` and no
     `keep_schedule`, both, and no fusion at all, are lowered and the one the calibrated simulator finds
-    fastest at the algorithm's input size is returned; within `TIE_TOLERANCE` of each other, the fastest at
-    a size 1024 times smaller (at least 1 KiB), then the schedule's. Without a topology the schedule is
-    kept.
+    fastest at the algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
+    (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. Without a
+    topology the schedule is kept.
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
@@ -103,25 +99,29 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     if keep_schedule is not None or topology is None or not fuse:
         return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)
     candidates = [_lower_one(algorithm, keep_schedule=True, **kw)]
+    seen = {_fingerprint(candidates[0])}
     for other in (dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)):
         try:
             program = _lower_one(algorithm, **{**kw, **other})
         except UserError:
             continue  # within the runtime's limits only with more fusion
-        if all(_fingerprint(program) != _fingerprint(c) for c in candidates):
+        fingerprint = _fingerprint(program)
+        if fingerprint not in seen:
+            seen.add(fingerprint)
             candidates.append(program)
     if len(candidates) == 1:
         return candidates[0]
-    from ..simulator import Simulator
+    from ..simulator import TIE_TOLERANCE, Simulator
 
+    sims = [Simulator(c, topology) for c in candidates]
     size = algorithm.input_size_bytes
-    times = [Simulator(c, topology).run(size).time_us for c in candidates]
+    times = [sim.run(size).time_us for sim in sims]
     near = [i for i, t in enumerate(times) if t <= min(times) * (1 + TIE_TOLERANCE)]
     if len(near) == 1:
         return candidates[near[0]]
     # bandwidth-bound alike at the input size: the one with the least latency serves the sizes below it best
     small = max(1024, size // 1024)
-    latency = {i: Simulator(candidates[i], topology).run(small).time_us for i in near}
+    latency = {i: sims[i].run(small).time_us for i in near}
     return candidates[min(near, key=lambda i: (latency[i], i))]  # the first, the schedule's fusion, on a tie
 
 

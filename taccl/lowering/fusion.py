@@ -5,7 +5,7 @@ reads exactly the slots X wrote and nothing else (so X is Y's only dependency; w
 would all wait for the fused send), and, for a synthesized algorithm with ``keep_schedule`` (the default),
 only where its schedule never overlaps the transfers of X's and Y's connections (a fused step puts both in
 one thread block, which would serialise them; `taccl.lowering.lower` with a topology also tries without
-this check and keeps the faster program):
+this check and without fusion, and keeps the fastest program):
 
 - ``r``   + ``s``  -> ``rcs``   receive, store, forward;
 - ``rrc`` + ``s``  -> ``rrcs``  receive, reduce, store, forward;
