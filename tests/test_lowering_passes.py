@@ -362,3 +362,56 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
     at_1k = [Simulator(p, topo).run(1024).time_us for p in programs]
     assert at_1k[1] < min(at_1k[0], at_1k[2])
     assert program_to_xml(lower(algo, topology=topo)) == program_to_xml(programs[1])
+
+
+def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():
+    # 2x DGX A100 hierarchical AllReduce, LL at 64 KiB: the rail's sum arrives at its owner over the network
+    # and goes back over it and to the seven local peers; forwarding it back in the step that receives it
+    # (a fan-out fusion, which only the network policy allows) saves a flag wait on the slowest path
+    from pathlib import Path
+
+    from taccl.lowering import _lower_one
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-a100-hier.json"), collective="allreduce",
+                      input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
+    topo = algo.load_topology()
+    best = lower(algo, topology=topo)
+    assert check_program(best).ok
+    gpn = topo.spec.gpus_per_node
+    network_forwards = [tb for g in best.gpus for tb in g.threadblocks for st in tb.steps
+                        if st.type == StepType.RECV_REDUCE_COPY_SEND.value and tb.send // gpn != g.id // gpn]
+    assert network_forwards
+    time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    others = [lower(algo, keep_schedule=k) for k in (True, False)] + [lower(algo, fuse=False)]
+    assert time_of(best) < 0.95 * min(time_of(p) for p in others)
+    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True, name=None,
+              keep_schedule=False)
+    assert program_to_xml(best) == program_to_xml(_lower_one(algo, network_fan_out=gpn, **kw)[0])
+    without = _lower_one(algo, **kw)[0]
+    assert not [st for g in without.gpus for tb in g.threadblocks for st in tb.steps
+                if st.type == StepType.RECV_REDUCE_COPY_SEND.value and tb.send // gpn != g.id // gpn]
+
+
+def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_limits():
+    # 16x DGX H100 ReduceScatter, LL128: reducing each last partial as it lands pins receives to the blocks
+    # that forward the sums, 134 blocks on a rank and 98 steps in one; every partial landing aside fits
+    from pathlib import Path
+
+    from taccl.lowering import _lower_one
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), nodes=16, collective="reducescatter",
+                      input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL128", instances=1))
+    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=132, fuse=True, check=False, name=None,
+              keep_schedule=True)
+    with pytest.raises(UserError, match="runtime's limits"):
+        _lower_one(algo, direct_lasts=(True,), **kw)
+    program = lower(algo, max_tbs=132)
+    assert program.max_threadblocks <= 132 and check_program(program).ok
+    assert program_to_xml(program) == program_to_xml(_lower_one(algo, direct_lasts=(False,), **kw)[0])

@@ -53,6 +53,7 @@ class LoweringOptions:
     max_steps: int = DEFAULT_MAX_STEPS
     fuse: bool = True
     keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
+    network_fan_out: int = 0  # GPUs per node: fuse a fan-out's first send when it leaves the node (0: never)
     check: bool = True
 
     def validate(self) -> None:
@@ -86,8 +87,10 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     overlap; False fuses wherever the rules allow. The schedule is a model too (it does not see the flag
     wait between two blocks that fusion saves, nor that a block holding a fused step takes every other step
     of its two connections in one order), so no choice wins everywhere: with a `topology` and no
-    `keep_schedule`, both, and no fusion at all, are lowered and the one the calibrated simulator finds
-    fastest at the algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
+    `keep_schedule`, both, no fusion at all and (on several nodes) fusion wherever allowed plus the fan-outs
+    whose first send leaves the node (`taccl.lowering.fusion`: the sum of a rail's reduction sent back over
+    the network without a flag wait) are lowered, and the one the calibrated simulator finds fastest at the
+    algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
     (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. Without a
     topology the schedule is kept.
 
@@ -97,12 +100,17 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
               fuse=fuse, check=check, name=name)
     if keep_schedule is not None or topology is None or not fuse:
-        return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)
-    candidates = [_lower_one(algorithm, keep_schedule=True, **kw)]
+        return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
+    first, direct_last = _lower_one(algorithm, keep_schedule=True, **kw)
+    kw["direct_lasts"] = (direct_last,)  # what fits the runtime's limits for one fits for the others
+    candidates = [first]
     seen = {_fingerprint(candidates[0])}
-    for other in (dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)):
+    others = [dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)]
+    if topology.nodes > 1:
+        others.append(dict(keep_schedule=False, network_fan_out=topology.spec.gpus_per_node))
+    for other in others:
         try:
-            program = _lower_one(algorithm, **{**kw, **other})
+            program = _lower_one(algorithm, **{**kw, **other})[0]
         except UserError:
             continue  # within the runtime's limits only with more fusion
         fingerprint = _fingerprint(program)
@@ -126,25 +134,35 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
-               keep_schedule) -> Program:
-    n = algorithm.instances if instances is None else instances
+               keep_schedule, network_fan_out=0, direct_lasts=None) -> tuple:
+    """(the program, whether converging reductions reduce their last partial as it lands)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
-    while True:
-        opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
-                               max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule, check=check)
-        opts.validate()
-        # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a
-        # converging reduction is reduced as it lands rather than received aside and folded (measured on
-        # the simulator: 2-10% faster below 1 MiB); with Simple's long steps, landing every partial in
-        # parallel wins (up to 4.5% at 256 MiB)
-        ops = algorithm_ops(algorithm, coll, single=n > 1, direct_last=proto != "Simple")
-        try:
-            return lower_ops(ops, coll, name=name or algorithm.name, options=opts)
-        except UserError as exc:
-            if instances is not None or n == 1 or "thread blocks" not in str(exc):
-                raise
-            n //= 2  # halved, so that the instances still divide the links' lanes evenly
+    # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a
+    # converging reduction is reduced as it lands rather than received aside and folded (measured on the
+    # simulator: 2-10% faster below 1 MiB); with Simple's long steps, landing every partial in parallel wins
+    # (up to 4.5% at 256 MiB). Reducing as it lands pins more receives to the blocks that forward the sums,
+    # which can exceed the runtime's limits on many nodes (16x DGX H100 ReduceScatter): then every partial
+    # lands aside.
+    error = None
+    for direct_last in direct_lasts or ((True, False) if proto != "Simple" else (False,)):
+        n = algorithm.instances if instances is None else instances
+        while True:
+            opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
+                                   max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule,
+                                   network_fan_out=network_fan_out, check=check)
+            opts.validate()
+            ops = algorithm_ops(algorithm, coll, single=n > 1, direct_last=direct_last)
+            try:
+                return lower_ops(ops, coll, name=name or algorithm.name, options=opts), direct_last
+            except UserError as exc:
+                if "runtime's limits" not in str(exc):
+                    raise
+                error = exc
+                if instances is not None or n == 1 or "thread blocks" not in str(exc):
+                    break
+                n //= 2  # halved, so that the instances still divide the links' lanes evenly
+    raise error
 
 
 def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = None, **kw) -> Program:
@@ -213,7 +231,8 @@ def _no_gc():
 
 def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False) -> Program | None:
     instrs = generate(ops, coll.num_ranks)
-    if mode is not None and not fuse(instrs, mode=mode, keep_schedule=opts.keep_schedule):
+    if mode is not None and not fuse(instrs, mode=mode, keep_schedule=opts.keep_schedule,
+                                     network_fan_out=opts.network_fan_out):
         return None
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,

@@ -12,6 +12,11 @@ this check and without fusion, and keeps the fastest program):
 - ``rrc`` + ``s``  -> ``rrs``   when the reduced value is read by nobody else and is overwritten later
   or lives in scratch: receive, reduce, forward, store nothing.
 
+With ``network_fan_out`` (GPUs per node), a receive read by several instructions may also fuse with the
+first of them when that one is a send to another node: the others then wait for the fused step, that is
+until the network send's data has left (at small sizes a fraction of the flag wait it saves on the slowest
+hop, at large sizes much more: `taccl.lowering.lower` keeps such a program only where it simulates faster).
+
 The fused instruction does its receive and its send at one point of its thread block's order. Two modes
 choose that point:
 
@@ -37,8 +42,9 @@ __all__ = ["fuse"]
 _FUSED = {StepType.RECV: StepType.RECV_COPY_SEND, StepType.RECV_REDUCE_COPY: StepType.RECV_REDUCE_COPY_SEND}
 
 
-def _candidate(x, serial=None):
-    if len(x.readers) != 1:
+def _candidate(x, serial=None, network_fan_out=0):
+    fan_out = len(x.readers) > 1
+    if fan_out and not network_fan_out:
         # the other readers of a fused receive would wait for its send too (a dependency is on a whole
         # step): a fan-out forwards faster from a plain receive
         return None
@@ -48,6 +54,9 @@ def _candidate(x, serial=None):
                 and y.cnt == x.cnt and len(y.deps) == 1 and x in y.deps and y.to is not None):
             if best is None or y.key < best.key:
                 best = y
+    if fan_out and best is not None and (best.send_peer // network_fan_out == x.rank // network_fan_out
+                                         or any(r.key < best.key for r in x.readers)):
+        return None  # fan-out fusion only with the first reader, a send that leaves the node
     if best is not None and serial is not None and not serial(x.rank, x.recv_peer, best.send_peer):
         return None
     return best
@@ -123,12 +132,14 @@ def _block_order(sends, receives, fused):
     return out
 
 
-def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True, keep_schedule: bool = True) -> bool:
+def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True, keep_schedule: bool = True,
+         network_fan_out: int = 0) -> bool:
     """Fuse in place; absorbed sends are marked ``dead``. Returns True. ``keep_schedule=False`` skips the
-    schedule check (`_serial_pairs`): every pair the rules allow is fused."""
+    schedule check (`_serial_pairs`): every pair the rules allow is fused. ``network_fan_out`` (GPUs per
+    node, 0 for none): see the module docstring."""
     serial = _serial_pairs(instrs) if keep_schedule else None
     if mode == "natural":
-        return _fuse_natural(instrs, allow_rrs, serial)
+        return _fuse_natural(instrs, allow_rrs, serial, network_fan_out)
     heap = [(x.key, x.id) for x in instrs if x.type in _FUSED]
     heapq.heapify(heap)
     while heap:
@@ -136,7 +147,7 @@ def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True, keep_sched
         x = instrs[xid]
         if x.key != key or x.type not in _FUSED or x.dead:
             continue
-        y = _candidate(x, serial)
+        y = _candidate(x, serial, network_fan_out)
         if y is None:
             continue
         z = y.to
@@ -171,9 +182,9 @@ def _absorb(x, y, allow_rrs):
     x.dependents = [d for d in x.dependents if d is not y]
 
 
-def _fuse_natural(instrs, allow_rrs, serial=None) -> bool:
+def _fuse_natural(instrs, allow_rrs, serial=None, network_fan_out=0) -> bool:
     for x in sorted((i for i in instrs if i.type in _FUSED), key=lambda i: i.key):
-        y = _candidate(x, serial)
+        y = _candidate(x, serial, network_fan_out)
         if y is None:
             continue
         _absorb(x, y, allow_rrs)
