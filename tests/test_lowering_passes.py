@@ -244,8 +244,9 @@ def test_last_partial_sum_reduces_as_it_lands_with_short_steps():
             assert not forwarding
             continue
         assert len(forwarding) == 4  # one per chunk, at its hub
-        # the fold goes right before it, unless another step of that block lies between them (rank 1 here)
-        assert sum(i > 0 and tb.steps[i - 1].type is StepType.REDUCE for tb, i in forwarding) == 3
+        # the fold goes right before it; at rank 1 another step of that block lies between them, which the
+        # schedule has arriving before the partial sums, so the fold goes after that step
+        assert sum(i > 0 and tb.steps[i - 1].type is StepType.REDUCE for tb, i in forwarding) == 4
 
 
 
@@ -389,7 +390,7 @@ def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():
     others = [lower(algo, keep_schedule=k) for k in (True, False)] + [lower(algo, fuse=False)]
     assert time_of(best) < 0.95 * min(time_of(p) for p in others)
     kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True, name=None,
-              keep_schedule=False)
+              keep_schedule=False, flag_us=topo.spec.sync_us)
     assert program_to_xml(best) == program_to_xml(_lower_one(algo, network_fan_out=gpn, **kw)[0])
     without = _lower_one(algo, **kw)[0]
     assert not [st for g in without.gpus for tb in g.threadblocks for st in tb.steps
@@ -415,3 +416,32 @@ def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_l
     program = lower(algo, max_tbs=132)
     assert program.max_threadblocks <= 132 and check_program(program).ok
     assert program_to_xml(program) == program_to_xml(_lower_one(algo, direct_lasts=(False,), **kw)[0])
+
+
+def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
+    # 2x DGX H100 hierarchical AllReduce, LL at 64 KiB: the block that sends a node's sum to the network first
+    # receives another chunk's partial, which lands before the fold could start in a block of its own (its
+    # partial sums' arrival and a flag); knowing the flag latency, the fold goes after that receive, and the
+    # send no longer waits for another block's flag
+    from pathlib import Path
+
+    from taccl.lowering import _lower_one
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="allreduce",
+                      input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
+    topo = algo.load_topology()
+    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=132, fuse=True, check=True, name=None,
+              keep_schedule=True)
+    unknown, known = (_lower_one(algo, flag_us=f, **kw)[0] for f in (0.0, topo.spec.sync_us))
+
+    def folds_before_forward(p):
+        return sum(1 for g in p.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
+                   if a.type is StepType.REDUCE and b.type is StepType.RECV_REDUCE_SEND)
+
+    assert folds_before_forward(known) > folds_before_forward(unknown)
+    time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    assert time_of(known) < time_of(unknown) - 1.0

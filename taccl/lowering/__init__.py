@@ -54,6 +54,7 @@ class LoweringOptions:
     fuse: bool = True
     keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
     network_fan_out: int = 0  # GPUs per node: fuse a fan-out's first send when it leaves the node (0: never)
+    flag_us: float = 0.0  # the runtime's dependency latency between thread blocks (0: unknown)
     check: bool = True
 
     def validate(self) -> None:
@@ -101,6 +102,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
               fuse=fuse, check=check, name=name)
     if keep_schedule is not None or topology is None or not fuse:
         return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
+    kw["flag_us"] = topology.spec.sync_us
     first, direct_last = _lower_one(algorithm, keep_schedule=True, **kw)
     kw["direct_lasts"] = (direct_last,)  # what fits the runtime's limits for one fits for the others
     candidates = [first]
@@ -134,7 +136,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
-               keep_schedule, network_fan_out=0, direct_lasts=None) -> tuple:
+               keep_schedule, network_fan_out=0, flag_us=0.0, direct_lasts=None) -> tuple:
     """(the program, whether converging reductions reduce their last partial as it lands)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
@@ -150,7 +152,7 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
         while True:
             opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
                                    max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule,
-                                   network_fan_out=network_fan_out, check=check)
+                                   network_fan_out=network_fan_out, flag_us=flag_us, check=check)
             opts.validate()
             ops = algorithm_ops(algorithm, coll, single=n > 1, direct_last=direct_last)
             try:
@@ -236,7 +238,7 @@ def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False) -> Pr
         return None
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
-                       max_tbs=per_instance_tbs, pack=pack)
+                       max_tbs=per_instance_tbs, pack=pack, flag_us=opts.flag_us)
         scratch = compact_scratch(tbs, coll.num_ranks)
         return emit(tbs, coll, name=name, instances=opts.instances, proto=opts.proto, min_bytes=opts.min_bytes,
                     max_bytes=opts.max_bytes, scratch=scratch)

@@ -245,10 +245,11 @@ def _unfuse(x: Instr, instrs: list) -> tuple:
 
 
 def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, max_tbs: int,
-             pack: bool = False) -> list:
+             pack: bool = False, flag_us: float = 0.0) -> list:
     """Assign channels and thread blocks; returns the TBs (instructions in order, ``index`` unset).
     ``pack`` puts each new connection into an existing tb of its channel that lacks that direction
-    (fewer thread blocks, less concurrency); the caller uses it when a rank has too many."""
+    (fewer thread blocks, less concurrency); the caller uses it when a rank has too many. ``flag_us``: the
+    runtime's latency of a dependency between thread blocks (`_forwarding_block`; 0 when unknown)."""
     live = [i for i in instrs if not i.dead]
     st = _State(step_cap, pack)
     for ins in sorted(live, key=lambda i: i.pos):
@@ -306,7 +307,7 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     workers = {}  # rank -> its local-only thread blocks
     for (rank, _), group in sorted(groups.items(), key=lambda kv: kv[1][0].pos):
         reduction = any(i.type is StepType.REDUCE for i in group)
-        tb = _forwarding_block(group, step_cap) if reduction else None
+        tb = _forwarding_block(group, step_cap, flag_us) if reduction else None
         if tb is None:
             pool = workers.setdefault(rank, []) if reduction else by_rank.setdefault(rank, [])
             cands = [b for b in pool if b.nsteps + len(group) <= step_cap]
@@ -329,10 +330,11 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
 _REDUCING_RECEIVES = (StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_SEND, StepType.RECV_REDUCE_COPY_SEND)
 
 
-def _forwarding_block(group: list, step_cap: int):
+def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
     """The thread block of the one send, or receive-reduce (the last partial sum, reduced into the fold as
     it lands), that consumes this local reduction, if the fold can go right before it there: no other step
-    of that block between the two, room for the steps; else None."""
+    of that block between the two (or only steps the schedule has arriving before the fold's operands; the
+    fold's positions then move after them), room for the steps; else None."""
     members = {id(i) for i in group}
     consumers = [d for i in group for d in i.dependents if id(d) not in members and not d.dead]
     if not consumers or any(d.tb is None or (d.send_peer < 0 and d.type not in _REDUCING_RECEIVES)
@@ -345,8 +347,17 @@ def _forwarding_block(group: list, step_cap: int):
     if tb.nsteps + len(group) > step_cap:
         return None
     first, last = min(i.pos for i in group), min(d.pos for d in consumers)
-    if any(first < i.pos < last for i in tb.instrs):
-        return None
+    between = [i for i in tb.instrs if first < i.pos < last]
+    if between:
+        # steps of that block fall between: the fold can still go right after them where the schedule has
+        # them arrived before it could start in a block of its own (its partial sums' arrival and a flag):
+        # it starts no later, and the consumer waits on no flag
+        operands = [d.span[1] for i in group for d in i.deps if id(d) not in members and d.span is not None]
+        if not operands or any(i.span is None or i.span[1] > max(operands) + flag_us for i in between):
+            return None
+        after = max(i.pos for i in between)
+        for k, ins in enumerate(sorted(group, key=lambda i: i.pos)):
+            ins.pos = after + (1 << 30, k)  # no step of the block lies between `after` and this
     return tb
 
 
