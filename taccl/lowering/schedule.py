@@ -333,8 +333,9 @@ _REDUCING_RECEIVES = (StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_SEND, Step
 def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
     """The thread block of the one send, or receive-reduce (the last partial sum, reduced into the fold as
     it lands), that consumes this local reduction, if the fold can go right before it there: no other step
-    of that block between the two (or only steps the schedule has arriving before the fold's operands; the
-    fold's positions then move after them), room for the steps; else None."""
+    of that block between the two (or only steps the schedule has landing before the fold could start in a
+    block of its own, its operands' arrival plus `flag_us`; the fold's positions then move after them), room
+    for the steps; else None."""
     members = {id(i) for i in group}
     consumers = [d for i in group for d in i.dependents if id(d) not in members and not d.dead]
     if not consumers or any(d.tb is None or (d.send_peer < 0 and d.type not in _REDUCING_RECEIVES)
