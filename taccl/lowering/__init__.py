@@ -15,7 +15,7 @@ Public API
 ----------
 ``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, topology=None)
 -> Program``
-    (instances and protocol default to the algorithm's; with a topology, the fastest of three fusion policies)
+    (instances and protocol default to the algorithm's; with a topology, the fastest of its fusion policies)
 ``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
 ``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
 """
@@ -104,7 +104,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
         return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
     kw["flag_us"] = topology.spec.sync_us
     first, direct_last = _lower_one(algorithm, keep_schedule=True, **kw)
-    kw["direct_lasts"] = (direct_last,)  # what fits the runtime's limits for one fits for the others
+    # the other policies take the first's choice: retrying both for each would repeat a failing lowering
+    kw["direct_lasts"] = (direct_last,)
     candidates = [first]
     seen = {_fingerprint(candidates[0])}
     others = [dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)]

@@ -354,7 +354,10 @@ def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
         # them arrived before it could start in a block of its own (its partial sums' arrival and a flag):
         # it starts no later, and the consumer waits on no flag
         operands = [d.span[1] for i in group for d in i.deps if id(d) not in members and d.span is not None]
-        if not operands or any(i.span is None or i.span[1] > max(operands) + flag_us for i in between):
+        if not operands:
+            return None
+        could_start = max(operands) + flag_us
+        if any(i.span is None or i.span[1] > could_start for i in between):
             return None
         after = max(i.pos for i in between)
         for k, ins in enumerate(sorted(group, key=lambda i: i.pos)):
