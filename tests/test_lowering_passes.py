@@ -363,6 +363,12 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
     at_1k = [Simulator(p, topo).run(1024).time_us for p in programs]
     assert at_1k[1] < min(at_1k[0], at_1k[2])
     assert program_to_xml(lower(algo, topology=topo)) == program_to_xml(programs[1])
+    # an AllToAll sends every chunk to one rank: no fan-out, so no fourth policy to lower
+    from taccl.lowering import _lower_one
+
+    with pytest.raises(UserError, match="nothing for network_fan_out to fuse"):
+        _lower_one(algo, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True,
+                   name=None, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
 
 
 def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():

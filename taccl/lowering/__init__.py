@@ -181,6 +181,8 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
     # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
     modes = ["natural", "safe", None] if opts.fuse else [None]
+    if opts.fuse and opts.network_fan_out:
+        modes.remove(None)  # without fusion there is no fan-out to fuse: that program is the fuse=False one
     attempts = [(m, cap, False) for m in modes for cap in range(opts.max_steps, 7, -8)]
     last_problems = []
     packed = False
@@ -190,8 +192,12 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
         k += 1
         with _no_gc():
             program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack)
+        if program is _NOTHING_TO_FUSE:
+            while k < len(attempts) and attempts[k][0] == mode:
+                k += 1  # the same at every step cap
+            continue
         if program is None:
-            continue  # this fusion mode does not apply
+            continue  # the blocks cannot be ordered under this step cap
         problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
         if problems:
             last_problems = problems
@@ -217,6 +223,8 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                     continue
                 report.raise_if_failed(path=f"lowered program {name!r}")
         return program
+    if not last_problems and opts.network_fan_out:
+        raise UserError(f"lowering {name!r}: no fan-out leaves a node, nothing for network_fan_out to fuse")
     raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
 
 
@@ -232,11 +240,16 @@ def _no_gc():
             gc.enable()
 
 
-def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False) -> Program | None:
+# `_build`'s answer when the fusion mode finds nothing that the program without it would not have
+_NOTHING_TO_FUSE = object()
+
+
+def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False):
+    """The program, None when its blocks cannot be ordered under `cap`, or `_NOTHING_TO_FUSE`."""
     instrs = generate(ops, coll.num_ranks)
     if mode is not None and not fuse(instrs, mode=mode, keep_schedule=opts.keep_schedule,
                                      network_fan_out=opts.network_fan_out):
-        return None
+        return _NOTHING_TO_FUSE
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
                        max_tbs=per_instance_tbs, pack=pack, flag_us=opts.flag_us)

@@ -134,12 +134,21 @@ def _block_order(sends, receives, fused):
 
 def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True, keep_schedule: bool = True,
          network_fan_out: int = 0) -> bool:
-    """Fuse in place; absorbed sends are marked ``dead``. Returns True. ``keep_schedule=False`` skips the
-    schedule check (`_serial_pairs`): every pair the rules allow is fused. ``network_fan_out`` (GPUs per
-    node, 0 for none): see the module docstring."""
+    """Fuse in place; absorbed sends are marked ``dead``. ``keep_schedule=False`` skips the schedule check
+    (`_serial_pairs`): every pair the rules allow is fused. ``network_fan_out`` (GPUs per node, 0 for
+    none): see the module docstring. Returns True, or, with ``network_fan_out``, whether some fan-out fused
+    (when none did, the result is the one without it)."""
     serial = _serial_pairs(instrs) if keep_schedule else None
     if mode == "natural":
-        return _fuse_natural(instrs, allow_rrs, serial, network_fan_out)
+        fan_outs = _fuse_natural(instrs, allow_rrs, serial, network_fan_out)
+    else:
+        fan_outs = _fuse_safe(instrs, allow_rrs, serial, network_fan_out)
+    return fan_outs > 0 or not network_fan_out
+
+
+def _fuse_safe(instrs, allow_rrs, serial, network_fan_out) -> int:
+    """The ``safe`` mode; returns the number of fan-outs fused."""
+    fan_outs = 0
     heap = [(x.key, x.id) for x in instrs if x.type in _FUSED]
     heapq.heapify(heap)
     while heap:
@@ -154,11 +163,12 @@ def fuse(instrs: list, *, mode: str = "safe", allow_rrs: bool = True, keep_sched
         newkey = x.key + (0,)
         if any(not d.key < newkey for d in z.deps):
             continue
+        fan_outs += len(x.readers) > 1
         _absorb(x, y, allow_rrs)
         z.key = z.pos = newkey
         if z.type in _FUSED:
             heapq.heappush(heap, (z.key, z.id))
-    return True
+    return fan_outs
 
 
 def _absorb(x, y, allow_rrs):
@@ -182,11 +192,14 @@ def _absorb(x, y, allow_rrs):
     x.dependents = [d for d in x.dependents if d is not y]
 
 
-def _fuse_natural(instrs, allow_rrs, serial=None, network_fan_out=0) -> bool:
+def _fuse_natural(instrs, allow_rrs, serial=None, network_fan_out=0) -> int:
+    """The ``natural`` mode; returns the number of fan-outs fused."""
+    fan_outs = 0
     for x in sorted((i for i in instrs if i.type in _FUSED), key=lambda i: i.key):
         y = _candidate(x, serial, network_fan_out)
         if y is None:
             continue
+        fan_outs += len(x.readers) > 1
         _absorb(x, y, allow_rrs)
         x.pos = y.key
-    return True
+    return fan_outs
