@@ -371,6 +371,36 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
                    name=None, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
 
 
+def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypatch):
+    # the fusion policies' programs are lowered unchecked and only the chosen one is proven: should its
+    # proof fail (a lowering bug), the next fastest is returned, proven
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import taccl.lowering as lowering
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "ndv2-hier.json"), collective="alltoall", input_size="1M",
+                      options=SynthesisOptions(time_limit_s=20, proto="LL", instances=1))
+    topo = algo.load_topology()
+    chosen = program_to_xml(lower(algo, topology=topo))
+    proven = []
+    real = lowering.verify_program
+
+    def verify(program, **kw):
+        if program_to_xml(program) == chosen:
+            return SimpleNamespace(ok=False)
+        proven.append(program_to_xml(program))
+        return real(program, **kw)
+
+    monkeypatch.setattr(lowering, "verify_program", verify)
+    other = lower(algo, topology=topo)
+    assert program_to_xml(other) != chosen and proven[-1] == program_to_xml(other)
+    assert check_program(other).ok
+
+
 def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():
     # 2x DGX A100 hierarchical AllReduce, LL at 64 KiB: the rail's sum arrives at its owner over the network
     # and goes back over it and to the seven local peers; forwarding it back in the step that receives it
