@@ -401,6 +401,31 @@ def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypat
     assert check_program(other).ok
 
 
+def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
+    # 2x DGX H100 AllReduce over the rails, Simple at 256 MiB: eager fusion in time order deadlocks with
+    # Simple's two-call FIFOs (the simulator says so too); ranking the unchecked candidates must not fail on
+    # it, and that policy is lowered again with each fusion mode proven (it falls back to the safe mode)
+    from pathlib import Path
+
+    from taccl.lowering import _lower_one
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="allreduce",
+                      input_size="256MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
+    topo = algo.load_topology()
+    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=132, fuse=True, name=None,
+              keep_schedule=False, flag_us=topo.spec.sync_us, direct_lasts=(False,))
+    eager = _lower_one(algo, check=False, **kw)[0]
+    assert not check_program(eager).ok
+    with pytest.raises(CheckFailed, match="deadlocks in simulation"):
+        Simulator(eager, topo).run(algo.input_size_bytes)
+    best = lower(algo, topology=topo, max_tbs=132)
+    assert check_program(best).ok and Simulator(best, topo).run(algo.input_size_bytes).time_us > 0
+
+
 def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():
     # 2x DGX A100 hierarchical AllReduce, LL at 64 KiB: the rail's sum arrives at its owner over the network
     # and goes back over it and to the seven local peers; forwarding it back in the step that receives it

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -104,49 +105,70 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     if keep_schedule is not None or topology is None or not fuse:
         return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
     kw["flag_us"] = topology.spec.sync_us
-    # the candidates are proven once ranked, the chosen one first: the others are mostly simulated and dropped
+    # the candidates are lowered unchecked and proven once ranked, the chosen one first: the others are
+    # simulated and dropped
     kw["check"] = False
     first, direct_last = _lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choice: retrying both for each would repeat a failing lowering
     kw["direct_lasts"] = (direct_last,)
-    candidates = [first]
-    seen = {_fingerprint(candidates[0])}
-    others = [dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)]
+    policies = [dict(keep_schedule=True), dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)]
     if topology.nodes > 1:
-        others.append(dict(keep_schedule=False, network_fan_out=topology.spec.gpus_per_node))
-    for other in others:
+        policies.append(dict(keep_schedule=False, network_fan_out=topology.spec.gpus_per_node))
+    candidates = {0: first}  # policy index -> its program
+    seen = {_fingerprint(first)}
+    for k, policy in enumerate(policies[1:], 1):
         try:
-            program = _lower_one(algorithm, **{**kw, **other})[0]
+            program = _lower_one(algorithm, **{**kw, **policy})[0]
         except UserError:
-            continue  # within the runtime's limits only with more fusion
+            continue  # within the runtime's limits only with more fusion, or (fan-outs) nothing to fuse
         fingerprint = _fingerprint(program)
         if fingerprint not in seen:
             seen.add(fingerprint)
-            candidates.append(program)
-    ranked = _ranked(candidates, topology, algorithm.input_size_bytes) if len(candidates) > 1 else candidates
-    if not check:
-        return ranked[0]
-    for program in ranked:
-        if verify_program(program).ok:
-            return program
-    # no candidate is proven (a lowering bug): lower again proving each fusion mode, which falls back to the
-    # next one and raises the checker's findings when none is proven
-    return _lower_one(algorithm, keep_schedule=True, **{**kw, "check": True})[0]
+            candidates[k] = program
+    proven = set()  # policies lowered again with each fusion mode proven
+    while True:
+        best, deadlocked = _ranked(candidates, topology, algorithm.input_size_bytes)
+        retry = deadlocked - proven if check else set()
+        if not retry:
+            if not check or best in proven or verify_program(candidates[best]).ok:
+                return candidates[best]
+            retry = {best}
+        # not proven (eager fusion that deadlocks with the runtime's FIFOs, say): lower those policies again
+        # proving each fusion mode, which falls back to the next mode, and rank again
+        for k in retry:
+            del candidates[k]
+            try:
+                candidates[k] = _lower_one(algorithm, **{**kw, **policies[k], "check": True})[0]
+                proven.add(k)
+            except (CheckFailed, UserError):
+                if not candidates:
+                    raise  # no policy gives a proven program: the checker's findings
 
 
-def _ranked(candidates: list, topology, size: int) -> list:
-    """The candidates, fastest at `size` first on the calibrated simulator; within `TIE_TOLERANCE` of the
-    fastest (bandwidth-bound alike there), the one with the least latency (at a size 1024 times smaller)
-    serves the sizes below it best; then the earlier one (the first is the schedule's fusion)."""
+def _ranked(candidates: dict, topology, size: int) -> tuple:
+    """(the key of the candidate the calibrated simulator finds fastest at `size`, the keys of those that
+    deadlock in simulation). Within `TIE_TOLERANCE` of the fastest (bandwidth-bound alike there), the one
+    with the least latency (at a size 1024 times smaller) serves the sizes below it best; then the smaller
+    key (0 is the schedule's fusion)."""
     from ..simulator import TIE_TOLERANCE, Simulator
 
-    sims = [Simulator(c, topology) for c in candidates]
-    times = [sim.run(size).time_us for sim in sims]
-    near = {i for i, t in enumerate(times) if t <= min(times) * (1 + TIE_TOLERANCE)}
+    if len(candidates) == 1:
+        return next(iter(candidates)), set()  # (the proof tells whether it deadlocks)
+
+    def time_at(sim, nbytes):
+        try:
+            return sim.run(nbytes).time_us
+        except CheckFailed:
+            return math.inf
+
+    sims = {k: Simulator(p, topology) for k, p in candidates.items()}
+    times = {k: time_at(sim, size) for k, sim in sims.items()}
+    deadlocked = {k for k, t in times.items() if t == math.inf}
+    near = [k for k, t in times.items() if t <= min(times.values()) * (1 + TIE_TOLERANCE)]
+    if len(near) == 1:
+        return near[0], deadlocked
     small = max(1024, size // 1024)
-    latency = {i: sims[i].run(small).time_us for i in near} if len(near) > 1 else {}
-    order = sorted(range(len(candidates)), key=lambda i: (i not in near, latency.get(i, times[i]), i))
-    return [candidates[i] for i in order]
+    return min(near, key=lambda k: (time_at(sims[k], small), k)), deadlocked
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
