@@ -93,9 +93,10 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     whose first send leaves the node (`taccl.lowering.fusion`: the sum of a rail's reduction sent back over
     the network without a flag wait) are lowered, and the one the calibrated simulator finds fastest at the
     algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
-    (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. Only that one
-    is proven (the candidates are lowered unchecked: on 16 nodes a proof takes seconds), the next one if the
-    proof fails. Without a topology the schedule is kept.
+    (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. The candidates
+    are lowered unchecked and only that one is proven (on 16 nodes a proof takes seconds); a policy whose
+    program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling
+    back to the next mode) and the candidates are ranked again. Without a topology the schedule is kept.
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
