@@ -201,6 +201,12 @@ def test_ray_executor_gives_the_same_table(small, tmp_path):
     pytest.importorskip("ray")
     _, ref = small
     out = tmp_path / "ray"
+    # the syntheses come from the reference run: a MILP stopped by its time limit on a loaded machine may
+    # return another incumbent; ray lowers and simulates every program again
+    for record in (ref / "cache").glob("*/*.json"):
+        if json.loads(record.read_text()).get("kind") == "synthesis":
+            (out / "cache" / record.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(record, out / "cache" / record.parent.name / record.name)
     result = run_batch(SMALL, out, workers=2, executor="ray")
     assert result.computed > 0
     assert rows(out) == rows(ref)
