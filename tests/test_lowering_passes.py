@@ -298,6 +298,16 @@ def _fused_steps(prog) -> int:
     return sum(s.type in fused for g in prog.gpus for tb in g.threadblocks for s in tb.steps)
 
 
+def _lower_policy(algo, **kw):
+    """`taccl.lowering._lower_one` (one fusion policy) with `lower`'s defaults, `kw` over them:
+    (program, whether the last partial sums reduce as they land)."""
+    from taccl.lowering import _lower_one
+
+    args = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True,
+                name=None, keep_schedule=True)
+    return _lower_one(algo, **{**args, **kw})
+
+
 def test_with_a_topology_the_faster_fusion_policy_is_kept():
     # 2x DGX H100 AllToAll through the rails: the schedule check keeps each relay's forwards to the NIC in
     # one block behind a flag wait per chunk; fusing them (each local peer's chunks on their own channel)
@@ -364,11 +374,8 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
     assert at_1k[1] < min(at_1k[0], at_1k[2])
     assert program_to_xml(lower(algo, topology=topo)) == program_to_xml(programs[1])
     # an AllToAll sends every chunk to one rank: no fan-out, so no fourth policy to lower
-    from taccl.lowering import _lower_one
-
     with pytest.raises(UserError, match="nothing for network_fan_out to fuse"):
-        _lower_one(algo, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True,
-                   name=None, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
+        _lower_policy(algo, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
 
 
 def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypatch):
@@ -407,7 +414,6 @@ def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
     # it, and that policy is lowered again with each fusion mode proven (it falls back to the safe mode)
     from pathlib import Path
 
-    from taccl.lowering import _lower_one
     from taccl.simulator import Simulator
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
@@ -416,9 +422,8 @@ def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="allreduce",
                       input_size="256MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
     topo = algo.load_topology()
-    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=132, fuse=True, name=None,
-              keep_schedule=False, flag_us=topo.spec.sync_us, direct_lasts=(False,))
-    eager = _lower_one(algo, check=False, **kw)[0]
+    eager = _lower_policy(algo, max_tbs=132, check=False, keep_schedule=False, flag_us=topo.spec.sync_us,
+                          direct_lasts=(False,))[0]
     assert not check_program(eager).ok
     with pytest.raises(CheckFailed, match="deadlocks in simulation"):
         Simulator(eager, topo).run(algo.input_size_bytes)
@@ -432,7 +437,6 @@ def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():
     # (a fan-out fusion, which only the network policy allows) saves a flag wait on the slowest path
     from pathlib import Path
 
-    from taccl.lowering import _lower_one
     from taccl.simulator import Simulator
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
@@ -450,10 +454,9 @@ def test_the_sum_sent_back_over_the_network_fuses_with_its_receive():
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
     others = [lower(algo, keep_schedule=k) for k in (True, False)] + [lower(algo, fuse=False)]
     assert time_of(best) < 0.95 * min(time_of(p) for p in others)
-    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True, name=None,
-              keep_schedule=False, flag_us=topo.spec.sync_us)
-    assert program_to_xml(best) == program_to_xml(_lower_one(algo, network_fan_out=gpn, **kw)[0])
-    without = _lower_one(algo, **kw)[0]
+    kw = dict(keep_schedule=False, flag_us=topo.spec.sync_us)
+    assert program_to_xml(best) == program_to_xml(_lower_policy(algo, network_fan_out=gpn, **kw)[0])
+    without = _lower_policy(algo, **kw)[0]
     assert not [st for g in without.gpus for tb in g.threadblocks for st in tb.steps
                 if st.type == StepType.RECV_REDUCE_COPY_SEND.value and tb.send // gpn != g.id // gpn]
 
@@ -463,20 +466,18 @@ def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_l
     # that forward the sums, 134 blocks on a rank and 98 steps in one; every partial landing aside fits
     from pathlib import Path
 
-    from taccl.lowering import _lower_one
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
 
     root = Path(__file__).resolve().parent.parent
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), nodes=16, collective="reducescatter",
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL128", instances=1))
-    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=132, fuse=True, check=False, name=None,
-              keep_schedule=True)
     with pytest.raises(UserError, match="runtime's limits"):
-        _lower_one(algo, direct_lasts=(True,), **kw)
+        _lower_policy(algo, max_tbs=132, check=False, direct_lasts=(True,))
     program = lower(algo, max_tbs=132)
     assert program.max_threadblocks <= 132 and check_program(program).ok
-    assert program_to_xml(program) == program_to_xml(_lower_one(algo, direct_lasts=(False,), **kw)[0])
+    assert program_to_xml(program) == program_to_xml(_lower_policy(algo, max_tbs=132, check=False,
+                                                                   direct_lasts=(False,))[0])
 
 
 def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
@@ -486,7 +487,6 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     # send no longer waits for another block's flag
     from pathlib import Path
 
-    from taccl.lowering import _lower_one
     from taccl.simulator import Simulator
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
@@ -495,9 +495,7 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="allreduce",
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
     topo = algo.load_topology()
-    kw = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=132, fuse=True, check=True, name=None,
-              keep_schedule=True)
-    unknown, known = (_lower_one(algo, flag_us=f, **kw)[0] for f in (0.0, topo.spec.sync_us))
+    unknown, known = (_lower_policy(algo, max_tbs=132, flag_us=f)[0] for f in (0.0, topo.spec.sync_us))
 
     def folds_before_forward(p):
         return sum(1 for g in p.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
