@@ -1,7 +1,7 @@
 """Synthesis benchmark: model size and time per stage, predicted time, lower bound, ratio, and how well the
 written program keeps the schedule (its simulated time over the solver's prediction, same size).
 
-    python benchmarks/synthesis.py [--groups core,scale] [--time-limit S] [--stretch]
+    python benchmarks/synthesis.py [--groups core,scale] [--time-limit S] [--stall S] [--stretch]
 
 Runs HiGHS with one thread (the CI machine has 2 cores). Prints one table.
 """
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", default="core,scale", help="instance groups to run (core, scale, stretch)")
     ap.add_argument("--stretch", action="store_true", help="also run the 1024-GPU instance")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per MILP stage, seconds")
+    ap.add_argument("--stall", type=float, default=None,
+                    help="stop a MILP stage once its best solution stalls this long, seconds (default: taccl's; 0: never)")
     ap.add_argument("--no-sim", action="store_true", help="skip lowering and simulating the programs")
     args = ap.parse_args(argv)
     groups = set(args.groups.split(",")) | ({"stretch"} if args.stretch else set())
@@ -45,7 +47,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         sk = load_sketch(SKETCHES / sketch)
         algo = synthesize(sk, nodes=nodes, collective=coll, input_size=size,
-                          options=SynthesisOptions(time_limit_s=args.time_limit, threads=1))
+                          options=SynthesisOptions(time_limit_s=args.time_limit, stall_s=args.stall, threads=1))
         total = time.monotonic() - t0
         st = {s["stage"]: s for s in algo.stages}
         ref = REFERENCE_ROUTING_SIZE.get(label)

@@ -47,6 +47,7 @@ class Sketch:
     merge_links: str = "internode"
     solver: str | None = None
     time_limit_s: float | None = None
+    stall_s: float | None = None  # 0: no stall limit
     threads: int | None = None
     phases: list | dict | str = field(default_factory=list)  # as written (see taccl.phases)
     doc: dict = field(default_factory=dict)  # the document it was read from
@@ -129,6 +130,7 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
     sk.merge_links = routing.get("merge_links", "internode")
     solver = doc.get("solver", {})
     sk.solver, sk.time_limit_s, sk.threads = solver.get("name"), solver.get("time_limit_s"), solver.get("threads")
+    sk.stall_s = solver.get("stall_s")
     return sk
 
 

@@ -63,6 +63,10 @@ __all__ = [
 
 INF = float("inf")
 
+#: An incumbent better than the best one by less than this fraction does not reset `SolveOptions.stall_s`
+#: (solvers report numerically equal solutions as improvements).
+STALL_REL_IMPROVEMENT = 1e-4
+
 #: The shared status vocabulary of `Result.status`.
 STATUSES = ("optimal", "feasible", "no_solution", "infeasible", "unbounded", "error")
 
@@ -359,6 +363,10 @@ class SolveOptions:
     #: Called with ``{"time_s", "incumbent", "bound", "gap"}`` when the incumbent or the bound moves,
     #: where the backend offers callbacks (HiGHS, Gurobi). Values may be None when not known yet.
     on_progress: Optional[Callable[[dict], None]] = None
+    #: Stop a MIP once its best solution has not improved (by more than `STALL_REL_IMPROVEMENT`) for this
+    #: many seconds; the solve then ends "feasible" with that solution. None: run to the time limit or gap.
+    #: HiGHS and Gurobi only (CBC offers no callback to stop it).
+    stall_s: Optional[float] = None
 
 
 @dataclass
@@ -410,6 +418,10 @@ def _make_result(status: str, solver: str, t0: float, *, values=None, objective=
     return Result(status, values, objective, bound, gap, time.perf_counter() - t0, solver, message)
 
 
+def _stall_message(options: SolveOptions) -> str:
+    return f"stopped: the best solution did not improve for {options.stall_s:g} s (stall limit)"
+
+
 def _time_left(options: SolveOptions, t0: float) -> float:
     """The solver's share of `options.time_limit_s` once model building (since `t0`) is paid for.
 
@@ -420,21 +432,39 @@ def _time_left(options: SolveOptions, t0: float) -> float:
 
 
 class _Progress:
-    """Relays backend progress to `SolveOptions.on_progress`, only when something changed.
+    """Watches a backend's progress: relays it to `SolveOptions.on_progress` when something changed, and
+    says when the solve should stop (the user's callback raised, or the incumbent stalled for `stall_s`).
 
     An exception raised by the user's callback is kept, the solve is asked to stop, and the exception is
     raised again once the backend has returned.
     """
 
-    def __init__(self, fn: Optional[Callable[[dict], None]]):
-        self.fn = fn
+    def __init__(self, options: SolveOptions):
+        self.fn, self.stall_s = options.on_progress, options.stall_s
         self.last: Optional[tuple] = None
         self.error: Optional[BaseException] = None
+        self.best: Optional[float] = None  # the best incumbent, and when it last improved
+        self.best_time_s = 0.0
+        self.stalled = False
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the backend needs to report progress at all."""
+        return self.fn is not None or self.stall_s is not None
+
+    @property
+    def should_stop(self) -> bool:
+        return self.error is not None or self.stalled
 
     def __call__(self, time_s, incumbent, bound) -> None:
+        incumbent, bound = _finite(incumbent), _finite(bound)
+        if incumbent is not None and (self.best is None or
+                                      incumbent < self.best - STALL_REL_IMPROVEMENT * max(abs(self.best), 1e-10)):
+            self.best, self.best_time_s = incumbent, float(time_s)
+        if self.stall_s is not None and self.best is not None and float(time_s) - self.best_time_s >= self.stall_s:
+            self.stalled = True
         if self.fn is None or self.error is not None:
             return
-        incumbent, bound = _finite(incumbent), _finite(bound)
         state = (incumbent, bound)
         if state == self.last:
             return
@@ -566,8 +596,8 @@ class _HighsBackend(MilpBackend):
         h.setOptionValue("time_limit", _time_left(options, t0))
         if is_mip and model._start is not None:
             self._set_start(h, model._start)
-        progress = _Progress(options.on_progress)
-        if options.on_progress is not None:
+        progress = _Progress(options)
+        if progress.wanted:
             self._subscribe(h, progress)
         self._use_threads(int(options.threads))
         run_status = h.run()
@@ -597,6 +627,8 @@ class _HighsBackend(MilpBackend):
             return _make_result("error", self.NAME, t0,
                                 message=f"HiGHS: {h.modelStatusToString(ms)} (run status {run_status})")
         message = "" if status == "optimal" else f"HiGHS: {h.modelStatusToString(ms)}"
+        if progress.stalled and status == "feasible":
+            message = _stall_message(options)
         if ms == M.kUnboundedOrInfeasible:
             message += f" (a zero-objective solve decided: {status})"
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
@@ -645,15 +677,17 @@ class _HighsBackend(MilpBackend):
             d = e.data_out
             progress(d.running_time, d.mip_primal_bound, d.mip_dual_bound)
 
-        def stop_on_error(e) -> None:
-            if progress.error is not None:
+        def stop_when_asked(e) -> None:
+            d = e.data_out
+            progress(d.running_time, d.mip_primal_bound, d.mip_dual_bound)
+            if progress.should_stop:
                 e.interrupt()
 
         try:
             improving.subscribe(fire)
             logging.subscribe(fire)
             if interrupt is not None:
-                interrupt.subscribe(stop_on_error)
+                interrupt.subscribe(stop_when_asked)
         except Exception:  # callbacks unsupported by this build
             return
 
@@ -706,13 +740,13 @@ class _GurobiBackend(MilpBackend):
             m.Params.Threads = int(options.threads)
             m.Params.Seed = int(options.seed)
             m.Params.MIPGap = float(options.mip_rel_gap)
-            progress = _Progress(options.on_progress)
-            if options.on_progress is not None:
+            progress = _Progress(options)
+            if progress.wanted:
                 m.optimize(self._callback(gp, progress))
                 progress.reraise()
             else:
                 m.optimize()
-            return self._result(gp, m, model, a.is_mip, options, t0)
+            return self._result(gp, m, model, a.is_mip, options, t0, stalled=progress.stalled)
         except gp.GurobiError as exc:
             errno = getattr(exc, "errno", None)
             if errno == 10010 or "size-limited" in str(exc):
@@ -769,14 +803,17 @@ class _GurobiBackend(MilpBackend):
     def _callback(gp, progress: _Progress):
         GRB = gp.GRB
 
+        def value(x):  # Gurobi says "none yet" with +-GRB.INFINITY (1e100), a finite float
+            return x if abs(x) < GRB.INFINITY else INF
+
         def cb(m, where):
             if where == GRB.Callback.MIP:
-                progress(m.cbGet(GRB.Callback.RUNTIME), m.cbGet(GRB.Callback.MIP_OBJBST),
-                         m.cbGet(GRB.Callback.MIP_OBJBND))
+                progress(m.cbGet(GRB.Callback.RUNTIME), value(m.cbGet(GRB.Callback.MIP_OBJBST)),
+                         value(m.cbGet(GRB.Callback.MIP_OBJBND)))
             elif where == GRB.Callback.MIPSOL:
-                progress(m.cbGet(GRB.Callback.RUNTIME), m.cbGet(GRB.Callback.MIPSOL_OBJBST),
-                         m.cbGet(GRB.Callback.MIPSOL_OBJBND))
-            if progress.error is not None:
+                progress(m.cbGet(GRB.Callback.RUNTIME), value(m.cbGet(GRB.Callback.MIPSOL_OBJBST)),
+                         value(m.cbGet(GRB.Callback.MIPSOL_OBJBND)))
+            if progress.should_stop:
                 m.terminate()
 
         return cb
@@ -785,7 +822,8 @@ class _GurobiBackend(MilpBackend):
                      "NODE_LIMIT", "TIME_LIMIT", "SOLUTION_LIMIT", "INTERRUPTED", "NUMERIC", "SUBOPTIMAL",
                      "INPROGRESS", "USER_OBJ_LIMIT", "WORK_LIMIT", "MEM_LIMIT")
 
-    def _result(self, gp, m, model: Model, is_mip: bool, options: SolveOptions, t0: float) -> Result:
+    def _result(self, gp, m, model: Model, is_mip: bool, options: SolveOptions, t0: float,
+                stalled: bool = False) -> Result:
         GRB = gp.GRB
         st = m.Status
         names = {getattr(GRB, n): n for n in self._STATUS_NAMES if hasattr(GRB, n)}
@@ -818,8 +856,11 @@ class _GurobiBackend(MilpBackend):
             status = "feasible"
         else:
             return _make_result("error", self.NAME, t0, message=f"Gurobi: status {names.get(st, st)}")
+        message = "" if status == "optimal" else f"Gurobi: {names.get(st, st)}"
+        if stalled and status == "feasible":
+            message = _stall_message(options)
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
-                            is_mip=is_mip, message="" if status == "optimal" else f"Gurobi: {names.get(st, st)}")
+                            is_mip=is_mip, message=message)
 
 
 # -- CBC through PuLP --------------------------------------------------------------------------------
@@ -1065,6 +1106,8 @@ def solve(model: Model, solver: str = "highs", options: Optional[SolveOptions] =
         raise UserError(f"solver threads must be at least 1, got {options.threads}")
     if not (options.mip_rel_gap >= 0):
         raise UserError(f"mip_rel_gap must be >= 0, got {options.mip_rel_gap}")
+    if options.stall_s is not None and not (options.stall_s > 0):
+        raise UserError(f"solver stall limit must be positive, got {options.stall_s}")
     reason = backend.unavailable_reason()
     if reason is not None:
         raise SolverError(f"solver '{backend.NAME}' is not available: {reason}")

@@ -109,6 +109,31 @@ def test_missing_file_and_bad_option(tmp_path, capsys):
     assert "file not found" in capsys.readouterr().err
     assert main(["solve", write(tmp_path, GOOD), "--time-limit", "-1"]) == 2
     assert "--time-limit" in capsys.readouterr().err
+    assert main(["solve", write(tmp_path, GOOD), "--stall", "-1"]) == 2
+    assert "--stall" in capsys.readouterr().err
+
+
+def test_solver_limits_come_from_the_command_line_then_the_sketch_then_the_defaults(monkeypatch, tmp_path):
+    from taccl import routing, synthesize as syn
+
+    seen = []
+    real = routing.milp.solve
+
+    def spy(model, name="highs", options=None):
+        seen.append((options.time_limit_s, options.stall_s))
+        return real(model, name, options)
+
+    monkeypatch.setattr(routing.milp, "solve", spy)
+    doc = dict(GOOD, solver={"time_limit_s": 7, "stall_s": 0})
+    sketch = load_sketch(write(tmp_path, doc, "limits.json"))
+    syn.synthesize(sketch)
+    assert seen[0] == (7, None)  # the sketch's; stall 0: no stall limit
+    seen.clear()
+    syn.synthesize(sketch, options=syn.SynthesisOptions(time_limit_s=9, stall_s=2))
+    assert seen[0] == (9, 2)
+    seen.clear()
+    syn.synthesize(load_sketch(write(tmp_path, GOOD, "plain.json")))
+    assert seen[0] == (syn.DEFAULT_TIME_LIMIT_S, syn.DEFAULT_STALL_S)
 
 
 def test_solver_without_solution_falls_back_to_heuristic(monkeypatch, tmp_path):

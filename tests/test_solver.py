@@ -234,6 +234,23 @@ def test_progress_callback(backend):
         assert p["time_s"] >= 0
 
 
+@pytest.mark.parametrize("backend", _backends(only_progress=True))
+def test_stall_limit_stops_a_mip_whose_incumbent_stopped_improving(backend):
+    # Market split: solutions come early, the zero bound is never closed; without the stall limit the
+    # solve would run its whole minute.
+    m, _ = market_split(n_rows=4, n_cols=30, seed=1)
+    r = solve(m, backend, SolveOptions(time_limit_s=60.0, stall_s=0.5))
+    assert r.status == "feasible" and r.time_s < 20.0, (r.status, r.time_s, r.message)
+    assert "stall limit" in r.message
+    assert r.gap is not None and r.gap > 0
+    _check_feasible(m, r.values)
+
+
+def test_stall_limit_must_be_positive():
+    with pytest.raises(UserError, match="stall limit"):
+        solve(lp_0()[0], "highs", SolveOptions(stall_s=0.0))
+
+
 def test_progress_callback_error_propagates():
     if _AVAILABLE["highs"]:
         pytest.skip(_AVAILABLE["highs"])

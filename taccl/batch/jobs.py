@@ -121,7 +121,7 @@ def plan(sku: Sku) -> list:
     topo_fp = hashlib.sha256(json.dumps(sku.spec.raw, sort_keys=True).encode()).hexdigest()
     sim_opts = asdict(SimOptions())
     solver = {"name": sku.solver, "version": _package_version(sku.solver), "time_limit_s": sku.time_limit_s,
-              "threads": sku.threads, "seed": sku.seed}
+              "stall_s": sku.stall_s, "threads": sku.threads, "seed": sku.seed}
     grid = list(sku.grid)
 
     def program(key, label, kind, source, proto, inst, nodes):
@@ -229,7 +229,7 @@ def _synthesize(task: Task) -> dict:
                           input_size=str(task.size_bytes),
                           name=task.label.replace("@", "-").replace("/", "-"),
                           options=SynthesisOptions(solver=s["name"], time_limit_s=s["time_limit_s"],
-                                                   threads=s["threads"], seed=s["seed"]))
+                                                   stall_s=s["stall_s"], threads=s["threads"], seed=s["seed"]))
     except Exception as exc:  # a failed job is a result too: reported, and the others go on
         reason, tb = _reason(exc)
         return failure(task.key, "synthesis", reason, label=task.label, traceback=tb,

@@ -104,9 +104,10 @@ def plot_name(g: Group) -> str:
 
 def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = None) -> str:
     out = [f"# Batch synthesis report: {selection.sku}", ""]
+    stall = f" (or once the best solution stalls for {sku.stall_s:g} s)" if sku.stall_s else ""
     out.append(f"Topology `{selection.topology}`, node counts {', '.join(map(str, sku.nodes))}, collectives "
                f"{', '.join(sku.collectives)}; sizes {format_size(selection.grid[0])} to {format_size(selection.grid[-1])} "
-               f"({len(selection.grid)} points). Solver {sku.solver}, {sku.time_limit_s:g} s per MILP stage. "
+               f"({len(selection.grid)} points). Solver {sku.solver}, {sku.time_limit_s:g} s per MILP stage{stall}. "
                f"taccl {selection.tool}." + (f" Batch wall time {wall_s:.0f} s." if wall_s is not None else ""))
     out += ["", f"Made by `taccl batch {sku.path}`; a rerun reuses every cached result and recomputes only what "
             f"changed.", ""]

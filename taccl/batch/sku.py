@@ -7,6 +7,7 @@
     sizes: 1KiB:1GiB                # the grid every program is simulated on and selected over
     synthesis_sizes: [1M]           # input sizes the synthesizer optimises for (default [1M])
     time_limit_s: 30                # per MILP stage; solver, threads, seed as for `taccl solve`
+    stall_s: 3                      # per MILP stage: stop once the best solution stalls this long (0: never)
     job_timeout_s: 900              # wall clock per synthesis job, lowering and simulation included
     merge_tolerance: 0.03           # a program within 3% of the fastest may keep a size: fewer windows
     candidates:
@@ -31,6 +32,7 @@ from ..collectives import NAMES, canonical_name
 from ..errors import UserError
 from ..fileio import json_path, load_json, load_schema
 from ..sketch import sketch_from_dict
+from ..synthesize import DEFAULT_STALL_S
 from ..topology import TopologySpec, load_spec
 from ..units import parse_size, parse_size_range
 
@@ -68,6 +70,7 @@ class Sku:
     candidates: list
     solver: str = "highs"
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    stall_s: float = DEFAULT_STALL_S
     threads: int = 1
     seed: int = 0
     job_timeout_s: float = 0.0
@@ -247,7 +250,7 @@ def load_sku(path) -> Sku:
     time_limit = float(doc.get("time_limit_s", DEFAULT_TIME_LIMIT_S))
     return Sku(name=doc.get("name") or path.stem, path=str(path), topology=topology, spec=spec, nodes=nodes,
                collectives=tuple(collectives), grid=grid, candidates=candidates, solver=doc.get("solver", "highs"),
-               time_limit_s=time_limit, threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
+               time_limit_s=time_limit, stall_s=float(doc.get("stall_s", DEFAULT_STALL_S)), threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
                # three MILP stages, plus lowering, checking and simulation
                job_timeout_s=float(doc.get("job_timeout_s", 4 * time_limit + 300)),
                max_tbs=int(doc.get("max_tbs", spec.sm_count or 108)), baseline_names=bnames,

@@ -22,9 +22,13 @@ def register(sub):
     p.add_argument("--collective", help="allgather, alltoall, reducescatter, allreduce, broadcast, reduce, gather, scatter, "
                                         "or a JSON file with a custom collective")
     p.add_argument("--size", help="input size, e.g. 1M, 64KiB (overrides the sketch; default 1M)")
-    p.add_argument("--solver", choices=SOLVERS, default="highs")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="time limit per MILP stage in seconds (default 120)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--solver", choices=SOLVERS, default=None, help="MILP solver (default: the sketch's, else highs)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="time limit per MILP stage in seconds (default: the sketch's, else 120)")
+    p.add_argument("--stall", type=float, default=None, metavar="S",
+                   help="stop a MILP stage once its best solution has not improved for S seconds "
+                        "(default: the sketch's, else 3; 0: run to the time limit)")
+    p.add_argument("--threads", type=int, default=None, help="solver threads (default: the sketch's, else 1)")
     p.add_argument("--max-extra-hops", type=int, default=None, help="allow routes this many hops longer than minimal")
     p.add_argument("--name", help="output name (default: the sketch's)")
     p.add_argument("--no-xml", action="store_true", help="write only the algorithm JSON")
@@ -45,6 +49,8 @@ def run(args) -> int:
 
     if args.time_limit is not None and args.time_limit <= 0:
         raise UserError("must be positive", where="--time-limit")
+    if args.stall is not None and args.stall < 0:
+        raise UserError("must be 0 (no stall limit) or positive", where="--stall")
     if args.nodes is not None and args.nodes < 1:
         raise UserError("must be at least 1", where="--nodes")
     report = Reporter(quiet=args.quiet or args.json)
@@ -52,9 +58,8 @@ def run(args) -> int:
     if args.instances is not None and not 1 <= args.instances <= 32:
         raise UserError("must be between 1 and 32", where="--instances")
     opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops,
-                            proto=args.proto, instances=args.instances)
-    if args.time_limit is not None:
-        opts.time_limit_s = args.time_limit
+                            proto=args.proto, instances=args.instances, time_limit_s=args.time_limit,
+                            stall_s=args.stall)
     name = args.name or default_name(sketch, args.collective)
     algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,
                       options=opts, report=report, name=name)
