@@ -16,7 +16,9 @@ Model (alpha-beta with contention, the runtime's execution rules, calibrated cos
   resource of bandwidth B whose link limits one thread block to c (``tb_bw_GBps``) carries ``round(B / c)``
   transfers at once, each at ``min(c, B / lanes)``: one block cannot fill an NVLink4 port, many channels
   can. Without a limit a resource carries one transfer at a time at B. Transfers are granted first come,
-  first served by ready time.
+  first served by ready time; one that finds a lane taken waits holding nothing, so a NIC is never held
+  idle for a transfer that is still waiting for another resource (with advance reservations, a 16x DGX
+  A100 AllGather simulated 185 us against its 123 us schedule; 120 us without).
 - Fused steps (rcs, rrs, rrcs) forward slice by slice, as the runtimes' primitives do: the outgoing send can
   start once the first slice has arrived (Simple: a call is two slices; LL / LL128: a few KiB per block
   iteration) and ends no earlier than the last slice's arrival plus its own forwarding.
@@ -457,7 +459,6 @@ class Simulator:
             if not heap:
                 break
             t0, _, G = pop(heap)
-            pending[G] = False
             i = pc[G]
             itx = it[G]
             c = out_conn[G]
@@ -465,9 +466,17 @@ class Simulator:
             # lane of every resource of the link for bytes / rate, and arrives the rest of the latency later
             start = t0 + conn_busy[c]
             res = conn_res[c]
+            busy_until = start
             for r in res:
-                if lanes[r][0] > start:
-                    start = lanes[r][0]
+                if lanes[r][0] > busy_until:
+                    busy_until = lanes[r][0]
+            if busy_until > start:
+                # A lane is taken: try again when it frees, holding nothing meanwhile (a transfer that waits
+                # for one resource does not reserve the others; they serve whoever is ready first).
+                seq += 1
+                push(heap, (busy_until - conn_busy[c], seq, G))
+                continue
+            pending[G] = False
             nbytes = cnt[G][i] * tile_bytes[itx]
             rate = conn_bpus[c]
             flight = conn_alpha[c] - conn_busy[c]

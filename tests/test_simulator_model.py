@@ -120,7 +120,9 @@ def test_tiling_replays_program():
 
 def test_extrapolated_tiles_are_not_faster_than_the_busiest_resource():
     # a synthesized 2x NDv2 AllToAll in LL (written by `taccl batch`): at 64 MiB it runs 128 tiles; the slope
-    # over the first 16 is the pipeline filling (2.2x too fast), the resource floor is the steady state
+    # over the first 16 is the pipeline filling (2.2x too fast), the resource floor is the steady state.
+    # The exact time per tile itself moves by a few percent with the tile count (448 to 461 us between 32
+    # and 256 tiles: which transfer a free NIC serves first shifts), hence 5%.
     from pathlib import Path
 
     from taccl.topology import load_topology
@@ -131,7 +133,7 @@ def test_extrapolated_tiles_are_not_faster_than_the_busiest_resource():
     approx = Simulator(p, t).run(64 << 20)
     exact = Simulator(p, t, SimOptions(max_exact_tiles=1000)).run(64 << 20)
     assert not approx.exact and exact.exact and exact.tiles == 128
-    assert approx.time_us == pytest.approx(exact.time_us, rel=0.03)
+    assert approx.time_us == pytest.approx(exact.time_us, rel=0.05)
 
 
 def test_protocol_trades_latency_for_bandwidth():
