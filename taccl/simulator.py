@@ -16,9 +16,10 @@ Model (alpha-beta with contention, the runtime's execution rules, calibrated cos
   resource of bandwidth B whose link limits one thread block to c (``tb_bw_GBps``) carries ``round(B / c)``
   transfers at once, each at ``min(c, B / lanes)``: one block cannot fill an NVLink4 port, many channels
   can. Without a limit a resource carries one transfer at a time at B. Transfers are granted first come,
-  first served by ready time; one that finds a lane taken waits holding nothing, so a NIC is never held
-  idle for a transfer that is still waiting for another resource (with advance reservations, a 16x DGX
-  A100 AllGather simulated 185 us against its 123 us schedule; 120 us without).
+  first served by ready time, each at the earliest time every resource of its link has a lane free for
+  its whole duration, gaps between earlier bookings included: a transfer booked for later, because
+  another of its resources is busy, does not hold a lane idle meanwhile (it did: a 16x DGX A100
+  AllGather simulated 185 us against its 123 us schedule, 122 us since).
 - Fused steps (rcs, rrs, rrcs) forward slice by slice, as the runtimes' primitives do: the outgoing send can
   start once the first slice has arrived (Simple: a call is two slices; LL / LL128: a few KiB per block
   iteration) and ends no earlier than the last slice's arrival plus its own forwarding.
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_right
 from collections import deque
 from dataclasses import asdict, dataclass
 
@@ -357,8 +358,8 @@ class Simulator:
         arrivals = [[] for _ in range(self.nconn)]  # end of each transfer
         first_slice = [[] for _ in range(self.nconn)]  # when its first slice is at the receiver
         recv_done = [[] for _ in range(self.nconn)]
-        # the free times of the lanes of each resource, sorted
-        lanes = [[0.0] * n for n in self.res_lanes]
+        # the lanes of each resource, each its booked intervals as sorted (starts, ends)
+        lanes = [[([], []) for _ in range(n)] for n in self.res_lanes]
         fin = {}
         dep_waiters = {}
         iter_finish = [0.0] * T
@@ -464,38 +465,39 @@ class Simulator:
             c = out_conn[G]
             # the sender's share of the step's latency (fence, handshake) runs first; the data then holds one
             # lane of every resource of the link for bytes / rate, and arrives the rest of the latency later
+            pending[G] = False
             start = t0 + conn_busy[c]
             res = conn_res[c]
-            busy_until = start
-            for r in res:
-                if lanes[r][0] > busy_until:
-                    busy_until = lanes[r][0]
-            if busy_until > start:
-                # A lane is taken: try again when it frees, holding nothing meanwhile (a transfer that waits
-                # for one resource does not reserve the others; they serve whoever is ready first).
-                seq += 1
-                push(heap, (busy_until - conn_busy[c], seq, G))
-                continue
-            pending[G] = False
             nbytes = cnt[G][i] * tile_bytes[itx]
             rate = conn_bpus[c]
             flight = conn_alpha[c] - conn_busy[c]
-            end = start + nbytes / rate
+            duration = nbytes / rate
             sl = nbytes / per_call if per_call else min(nbytes, slice_fixed)
+            tail = 0.0
             if fwd_after[G]:
                 tail = fwd_after[G] + sl / rate  # the last incoming slice, forwarded
-                if tail > end:
-                    end = tail
                 fwd_after[G] = 0.0
-            for r in res:
-                ln = lanes[r]
-                if len(ln) == 1:
-                    ln[0] = end
-                    continue
-                # best fit: the lane freed last before the start, so lanes freed earlier stay for
-                # transfers that can use them (earliest-free would leave idle gaps behind)
-                del ln[bisect_right(ln, start) - 1]
-                insort(ln, end)
+            # the earliest time every resource has a lane free for the whole transfer, gaps included
+            chosen = [None] * len(res)
+            moved = True
+            while moved:
+                moved = False
+                for k, r in enumerate(res):
+                    best = None
+                    for lane in lanes[r]:
+                        t = _lane_fit(lane, start, duration, tail)
+                        if best is None or t < best:
+                            best, chosen[k] = t, lane
+                    if best > start:
+                        start, moved = best, True
+            end = start + duration
+            if tail > end:
+                end = tail
+            for lane in chosen:
+                starts, ends = lane
+                k = bisect_right(starts, start)
+                starts.insert(k, start)
+                ends.insert(k, end)
             transfers += 1
             arrivals[c].append(end + flight)
             fs = start + sl / rate
@@ -517,6 +519,28 @@ class Simulator:
             if iter_finish[x] < iter_finish[x - 1]:
                 iter_finish[x] = iter_finish[x - 1]
         return iter_finish, transfers
+
+
+def _lane_fit(lane, t: float, duration: float, tail: float) -> float:
+    """The earliest time >= t at which `lane` (booked intervals, sorted starts and ends) is free for a
+    transfer: `duration` long, and not ending before `tail`. Gaps between bookings count: a transfer booked
+    for later (waiting on another resource) does not hold the lane meanwhile."""
+    starts, ends = lane
+    k = bisect_right(starts, t) - 1
+    if k >= 0 and ends[k] > t:
+        t = ends[k]
+    k += 1
+    n = len(starts)
+    while k < n:
+        end = t + duration
+        if tail > end:
+            end = tail
+        if starts[k] >= end:
+            break
+        if ends[k] > t:
+            t = ends[k]
+        k += 1
+    return t
 
 
 def _local_costs(steps) -> list:

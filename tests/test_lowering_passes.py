@@ -504,3 +504,28 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     assert folds_before_forward(known) > folds_before_forward(unknown)
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
     assert time_of(known) < time_of(unknown) - 1.0
+
+
+def test_merged_thread_blocks_pair_connections_the_schedule_keeps_apart():
+    # a rank over its block budget merges send-only with receive-only blocks; a merged block runs its steps
+    # in turn, so a send waits for every receive ordered before it. Rank 0 exchanges with 1 early (a send
+    # and a receive every 4 us) and with 2 late: sending to 1 while receiving from 2 (and the reverse)
+    # costs nothing, pairing each peer's two directions costs a latency per step.
+    from taccl.lowering.ops import Instr
+    from taccl.lowering.schedule import TB, _merge, _send_delay
+
+    def block(peer, direction, spans):
+        tb = TB(0, 0, send=peer if direction == "S" else -1, recv=peer if direction == "R" else -1)
+        for k, span in enumerate(spans):
+            tb.instrs.append(Instr(k, 0, StepType.SEND if direction == "S" else StepType.RECV,
+                                   send_peer=tb.send, recv_peer=tb.recv, key=(span[0], k), span=span))
+        tb.nsteps = len(spans)
+        return tb
+
+    early = [(4.0 * k, 4.0 * k + 4.0) for k in range(8)]
+    late = [(100.0, 104.0), (104.0, 108.0)]
+    s1, r1, s2, r2 = block(1, "S", early), block(1, "R", early), block(2, "S", late), block(2, "R", late)
+    assert _send_delay(early, early) == pytest.approx(8 * 4.0)
+    assert _send_delay(early, late) == 0.0 and _send_delay(late, early) == 0.0
+    merged = _merge([s1, r1, s2, r2], max_tbs=2, step_cap=64)
+    assert sorted((tb.send, tb.recv) for tb in merged) == [(1, 2), (2, 1)]

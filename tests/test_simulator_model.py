@@ -77,6 +77,26 @@ def test_switch_port_contention_and_parallel_links():
     assert simulate(prog(), direct, 1000, options=NOTILE).time_us == pytest.approx(2.0)
 
 
+def test_a_transfer_waiting_for_its_own_port_does_not_hold_the_receivers():
+    # rank 0's out-port is busy 10 us with a send to 1, so its send to 2 waits until then; rank 3's send to 2,
+    # ready at the same time, uses 2's in-port meanwhile instead of queueing behind a booking for later
+    p = program([
+        Gpu(0, 12, 12, 0, [Threadblock(0, send=1, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 0), cnt=10)]),
+                           Threadblock(1, send=2, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 10))])]),
+        Gpu(1, 12, 12, 0, [Threadblock(0, recv=0, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0), cnt=10)])]),
+        Gpu(2, 12, 12, 0, [Threadblock(0, recv=0, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 0))]),
+                           Threadblock(1, recv=3, steps=[step(0, StepType.RECV, dst=(Buf.OUTPUT, 1))])]),
+        Gpu(3, 12, 12, 0, [Threadblock(0, send=2, steps=[step(0, StepType.SEND, src=(Buf.INPUT, 0))])]),
+    ], nchunks=12)
+    sw = topo(None, n=4, alpha=0.0, bw=1.0, switch=True)  # 1000-byte chunks: 1 us each
+    trace = []
+    r = Simulator(p, sw, NOTILE).run(12000, trace=trace)
+    done = {(rank, tb): end for rank, tb, _, _, _, end in trace}
+    assert done[(0, 0)] == pytest.approx(10.0) and done[(0, 1)] == pytest.approx(11.0)
+    assert done[(3, 0)] == pytest.approx(1.0)  # not 12: 2's in-port was free until rank 0's send could start
+    assert r.time_us == pytest.approx(11.0)
+
+
 def test_relay_dependency_and_local_copy():
     # 0 -> 1 (recv into o0), then another tb on 1 copies o0 -> o1 (dep), then sends o1 to 2
     p = program([
@@ -120,9 +140,7 @@ def test_tiling_replays_program():
 
 def test_extrapolated_tiles_are_not_faster_than_the_busiest_resource():
     # a synthesized 2x NDv2 AllToAll in LL (written by `taccl batch`): at 64 MiB it runs 128 tiles; the slope
-    # over the first 16 is the pipeline filling (2.2x too fast), the resource floor is the steady state.
-    # The exact time per tile itself moves by a few percent with the tile count (448 to 461 us between 32
-    # and 256 tiles: which transfer a free NIC serves first shifts), hence 5%.
+    # over the first 16 is the pipeline filling (2.2x too fast), the resource floor is the steady state
     from pathlib import Path
 
     from taccl.topology import load_topology
@@ -133,7 +151,7 @@ def test_extrapolated_tiles_are_not_faster_than_the_busiest_resource():
     approx = Simulator(p, t).run(64 << 20)
     exact = Simulator(p, t, SimOptions(max_exact_tiles=1000)).run(64 << 20)
     assert not approx.exact and exact.exact and exact.tiles == 128
-    assert approx.time_us == pytest.approx(exact.time_us, rel=0.05)
+    assert approx.time_us == pytest.approx(exact.time_us, rel=0.03)
 
 
 def test_protocol_trades_latency_for_bandwidth():

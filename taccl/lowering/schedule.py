@@ -26,6 +26,7 @@ thread blocks that respects the constraints above is deadlock-free, merging incl
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 
 from ..errors import UserError
 from ..program import StepType
@@ -60,6 +61,7 @@ class _State:
         self.step_cap = step_cap
         self.log = None
         self.hints = {}  # (rank, "S", send peer, pinned channel) -> recv peer of a fused instruction, and vice versa
+        self.spans = {}  # with ``pack``: (rank, "S"|"R", peer) -> the schedule's spans of that connection's transfers
 
     # --- tentative changes with an undo log
     def _set_owner(self, k, tb):
@@ -110,14 +112,26 @@ class _State:
                 ins.tb = ins.ch = None
         self.log = None
 
-    def _packable(self, r, ch, attr):
-        """With ``pack``: an existing tb of (rank, channel) whose `attr` peer is still free."""
+    def _packable(self, r, ch, attr, peer):
+        """With ``pack``: an existing tb of (rank, channel) whose `attr` peer is still free; of those, the
+        one where the schedule has this connection and the block's other one delay each other least
+        (`_send_delay`), the first on ties."""
         if not self.pack:
             return None
+        mine = self.spans.get((r, "S" if attr == "send" else "R", peer), ())
+        best, best_delay = None, None
         for tb in self.by_rc.get((r, ch), ()):
-            if getattr(tb, attr) < 0 and tb.nsteps < self.step_cap:
-                return tb
-        return None
+            if getattr(tb, attr) >= 0 or tb.nsteps >= self.step_cap:
+                continue
+            if attr == "send":
+                delay = _send_delay(mine, self.spans.get((r, "R", tb.recv), ())) if tb.recv >= 0 else 0.0
+            else:
+                delay = _send_delay(self.spans.get((r, "S", tb.send), ()), mine) if tb.send >= 0 else 0.0
+            if best is None or delay < best_delay:
+                best, best_delay = tb, delay
+                if delay == 0.0:
+                    break
+        return best
 
     def _pair_hint(self, tb, r, ch, direction, peer, want):
         """A new one-connection tb takes the partner connection that a fused instruction will need."""
@@ -176,7 +190,7 @@ class _State:
             if tb is None:
                 if self.nsend.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
                     return False
-                tb = self._packable(r, ch, "send") or self._new_tb(r, ch)
+                tb = self._packable(r, ch, "send", sp) or self._new_tb(r, ch)
                 self._set_peer(tb, "send", sp)
                 self._set_owner((r, ch, "S", sp), tb)
                 self._inc(self.nsend, (r, ch))
@@ -186,7 +200,7 @@ class _State:
             if tb is None:
                 if self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
                     return False
-                tb = self._packable(r, ch, "recv") or self._new_tb(r, ch)
+                tb = self._packable(r, ch, "recv", rp) or self._new_tb(r, ch)
                 self._set_peer(tb, "recv", rp)
                 self._set_owner((r, ch, "R", rp), tb)
                 self._inc(self.nrecv, (r, ch))
@@ -195,6 +209,40 @@ class _State:
             return False
         self._step(tb, ins)
         return True
+
+
+def _connection_spans(live) -> dict:
+    """(rank, "S"|"R", peer) -> the (send, arrival) spans of that connection's transfers in the schedule;
+    connections without spans (the DSL's) get none."""
+    spans = {}
+    for ins in live:
+        if ins.span is None:
+            continue
+        if ins.send_peer >= 0:
+            spans.setdefault((ins.rank, "S", ins.send_peer), []).append(ins.span)
+        if ins.recv_peer >= 0:
+            spans.setdefault((ins.rank, "R", ins.recv_peer), []).append(ins.span)
+    return spans
+
+
+def _send_delay(sends, recvs) -> float:
+    """What sharing one thread block costs the sends, by the schedule: the block runs its steps in send-time
+    order, so a send waits for every receive ordered before it to arrive (receives wait little behind a
+    send: it only queues its data). `sends` and `recvs` are (send, arrival) spans."""
+    if not sends or not recvs:
+        return 0.0
+    recvs = sorted(recvs)
+    starts = [a for a, _ in recvs]
+    latest, arrived = [], 0.0
+    for _, b in recvs:
+        arrived = max(arrived, b)
+        latest.append(arrived)  # the last arrival among the receives up to here
+    total = 0.0
+    for t, _ in sends:
+        k = bisect_right(starts, t) - 1  # a receive sent at the same time may be ordered first
+        if k >= 0 and latest[k] > t:
+            total += latest[k] - t
+    return total
 
 
 def _flows(live):
@@ -252,6 +300,8 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     runtime's latency of a dependency between thread blocks (`_forwarding_block`; 0 when unknown)."""
     live = [i for i in instrs if not i.dead]
     st = _State(step_cap, pack)
+    if pack:
+        st.spans = _connection_spans(live)
     for ins in sorted(live, key=lambda i: i.pos):
         if ins.send_peer >= 0 and ins.recv_peer >= 0:  # per pinned channel: pinned flows differ by channel
             st.hints.setdefault((ins.rank, "S", ins.send_peer, ins.want_ch), ins.recv_peer)
@@ -420,6 +470,9 @@ def _split(flow, instrs):
 
 
 def _merge(tbs, max_tbs, step_cap):
+    """Where a rank has more than `max_tbs` blocks, merge send-only with receive-only blocks of one channel,
+    the pairs the schedule has delaying each other least first (`_send_delay`: a merged block runs its
+    steps in turn, so its sends wait for the receives ordered before them), in block order on ties."""
     by_rank = {}
     for tb in tbs:
         by_rank.setdefault(tb.rank, []).append(tb)
@@ -429,22 +482,27 @@ def _merge(tbs, max_tbs, step_cap):
         if len(group) > max_tbs:
             sends = [t for t in group if t.send >= 0 and t.recv < 0]
             recvs = [t for t in group if t.recv >= 0 and t.send < 0]
+            spans = {id(t): [i.span for i in t.instrs if i.span is not None] for t in sends + recvs}
+            pairs = sorted((_send_delay(spans[id(s)], spans[id(r)]), a, b)
+                           for a, s in enumerate(sends) for b, r in enumerate(recvs)
+                           if r.ch == s.ch and s.nsteps + r.nsteps <= step_cap)
             used = set()
             excess = len(group) - max_tbs
-            for s in sends:
+            for _, a, b in pairs:
                 if excess <= 0:
                     break
-                for r in recvs:
-                    if id(r) in used or r.ch != s.ch or s.nsteps + r.nsteps > step_cap:
-                        continue
-                    s.recv = r.recv
-                    s.instrs.extend(r.instrs)
-                    s.nsteps += r.nsteps
-                    for ins in r.instrs:
-                        ins.tb = s
-                    used.add(id(r))
-                    excess -= 1
-                    break
-            group = [t for t in group if id(t) not in used]
+                s, r = sends[a], recvs[b]
+                if id(s) in used or id(r) in used:
+                    continue
+                s.recv = r.recv
+                s.instrs.extend(r.instrs)
+                s.nsteps += r.nsteps
+                for ins in r.instrs:
+                    ins.tb = s
+                used.add(id(s))
+                used.add(id(r))
+                excess -= 1
+            merged_away = {id(r) for r in recvs if id(r) in used}
+            group = [t for t in group if id(t) not in merged_away]
         out.extend(group)
     return out
