@@ -408,6 +408,32 @@ def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypat
     assert check_program(other).ok
 
 
+def test_a_candidate_the_simulator_refuses_is_ranked_last_not_an_error(monkeypatch):
+    # an unproven candidate may be ill-formed (a lowering bug: a connection with no block on one side); the
+    # simulator's refusal must rank it last, as a deadlock, not fail the lowering
+    from pathlib import Path
+
+    import taccl.simulator as simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "ndv2-hier.json"), collective="alltoall", input_size="1M",
+                      options=SynthesisOptions(time_limit_s=20, proto="LL", instances=1))
+    topo = algo.load_topology()
+    chosen = program_to_xml(lower(algo, topology=topo))
+    real = simulator.Simulator.__init__
+
+    def init(self, program, topology, options=None):
+        if program_to_xml(program) == chosen:
+            raise UserError("rank 0 tb 0: connection 0->1 on channel 0 has no thread block on the other side")
+        real(self, program, topology, options)
+
+    monkeypatch.setattr(simulator.Simulator, "__init__", init)
+    other = lower(algo, topology=topo)
+    assert program_to_xml(other) != chosen and check_program(other).ok
+
+
 def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
     # 2x DGX H100 AllReduce over the rails, Simple at 256 MiB: eager fusion in time order deadlocks with
     # Simple's two-call FIFOs (the simulator says so too); ranking the unchecked candidates must not fail on
@@ -529,3 +555,21 @@ def test_merged_thread_blocks_pair_connections_the_schedule_keeps_apart():
     assert _send_delay(early, late) == 0.0 and _send_delay(late, early) == 0.0
     merged = _merge([s1, r1, s2, r2], max_tbs=2, step_cap=64)
     assert sorted((tb.send, tb.recv) for tb in merged) == [(1, 2), (2, 1)]
+
+
+def test_packing_a_connection_into_a_block_keeps_the_blocks_other_peer():
+    # with `pack`, a new send connection goes into a block that only receives; a fused instruction's hint to
+    # pair that send with another receive peer must not replace the block's receive peer (its receives
+    # were left in a block receiving from someone else: a 16x DGX H100 ReduceScatter came out so)
+    from taccl.lowering.ops import Instr
+    from taccl.lowering.schedule import _State
+
+    st = _State(step_cap=64, pack=True)
+    st.hints[(0, "S", 2, None)] = 9  # some fused instruction receives from 9 and sends to 2
+    recv = Instr(0, 0, StepType.RECV, recv_peer=5, key=(0,))
+    send = Instr(1, 0, StepType.SEND, send_peer=2, key=(1,))
+    for ins in (recv, send):
+        st.log = []
+        assert st.place(ins, 0)
+    assert recv.tb is send.tb and (send.tb.send, send.tb.recv) == (2, 5)
+    assert st.owner[(0, 0, "R", 5)] is recv.tb and (0, 0, "R", 9) not in st.owner

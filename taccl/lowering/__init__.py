@@ -148,21 +148,29 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
 
 def _ranked(candidates: dict, topology, size: int) -> tuple:
     """(the key of the candidate the calibrated simulator finds fastest at `size`, the keys of those that
-    deadlock in simulation). Within `TIE_TOLERANCE` of the fastest (bandwidth-bound alike there), the one
-    with the least latency (at a size 1024 times smaller) serves the sizes below it best; then the smaller
-    key (0 is the schedule's fusion)."""
+    deadlock in simulation or that it refuses, unproven programs both). Within `TIE_TOLERANCE` of the
+    fastest (bandwidth-bound alike there), the one with the least latency (at a size 1024 times smaller)
+    serves the sizes below it best; then the smaller key (0 is the schedule's fusion)."""
     from ..simulator import TIE_TOLERANCE, Simulator
 
     if len(candidates) == 1:
         return next(iter(candidates)), set()  # (the proof tells whether it deadlocks)
 
+    def simulator(program):
+        try:
+            return Simulator(program, topology)
+        except UserError:  # an ill-formed program (a lowering bug): its proof would fail too
+            return None
+
     def time_at(sim, nbytes):
+        if sim is None:
+            return math.inf
         try:
             return sim.run(nbytes).time_us
-        except CheckFailed:
+        except (CheckFailed, UserError):
             return math.inf
 
-    sims = {k: Simulator(p, topology) for k, p in candidates.items()}
+    sims = {k: simulator(p) for k, p in candidates.items()}
     times = {k: time_at(sim, size) for k, sim in sims.items()}
     deadlocked = {k for k, t in times.items() if t == math.inf}
     near = [k for k, t in times.items() if t <= min(times.values()) * (1 + TIE_TOLERANCE)]

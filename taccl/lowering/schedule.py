@@ -136,8 +136,8 @@ class _State:
     def _pair_hint(self, tb, r, ch, direction, peer, want):
         """A new one-connection tb takes the partner connection that a fused instruction will need."""
         other = self.hints.get((r, direction, peer, want))
-        if other is None:
-            return
+        if other is None or (tb.recv if direction == "S" else tb.send) >= 0:
+            return  # no hint, or a packed block whose other direction is taken already
         if direction == "S":
             if (r, ch, "R", other) in self.owner or self.nrecv.get((r, ch), 0) >= MAX_TBS_PER_CHANNEL:
                 return
