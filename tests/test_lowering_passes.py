@@ -378,13 +378,10 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
         _lower_policy(algo, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
 
 
-def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypatch):
-    # the fusion policies' programs are lowered unchecked and only the chosen one is proven: should its
-    # proof fail (a lowering bug), the next fastest is returned, proven
+def _ndv2_alltoall_and_its_chosen_program():
+    """A 2x NDv2 hierarchical AllToAll (LL, 1 MiB), its topology, and the XML `lower` chooses for it."""
     from pathlib import Path
-    from types import SimpleNamespace
 
-    import taccl.lowering as lowering
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
 
@@ -392,7 +389,17 @@ def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypat
     algo = synthesize(load_sketch(root / "sketches" / "ndv2-hier.json"), collective="alltoall", input_size="1M",
                       options=SynthesisOptions(time_limit_s=20, proto="LL", instances=1))
     topo = algo.load_topology()
-    chosen = program_to_xml(lower(algo, topology=topo))
+    return algo, topo, program_to_xml(lower(algo, topology=topo))
+
+
+def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypatch):
+    # the fusion policies' programs are lowered unchecked and only the chosen one is proven: should its
+    # proof fail (a lowering bug), the next fastest is returned, proven
+    from types import SimpleNamespace
+
+    import taccl.lowering as lowering
+
+    algo, topo, chosen = _ndv2_alltoall_and_its_chosen_program()
     proven = []
     real = lowering.verify_program
 
@@ -411,17 +418,9 @@ def test_a_chosen_candidate_that_fails_its_proof_gives_way_to_the_next(monkeypat
 def test_a_candidate_the_simulator_refuses_is_ranked_last_not_an_error(monkeypatch):
     # an unproven candidate may be ill-formed (a lowering bug: a connection with no block on one side); the
     # simulator's refusal must rank it last, as a deadlock, not fail the lowering
-    from pathlib import Path
-
     import taccl.simulator as simulator
-    from taccl.sketch import load_sketch
-    from taccl.synthesize import SynthesisOptions, synthesize
 
-    root = Path(__file__).resolve().parent.parent
-    algo = synthesize(load_sketch(root / "sketches" / "ndv2-hier.json"), collective="alltoall", input_size="1M",
-                      options=SynthesisOptions(time_limit_s=20, proto="LL", instances=1))
-    topo = algo.load_topology()
-    chosen = program_to_xml(lower(algo, topology=topo))
+    algo, topo, chosen = _ndv2_alltoall_and_its_chosen_program()
     real = simulator.Simulator.__init__
 
     def init(self, program, topology, options=None):
