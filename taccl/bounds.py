@@ -14,7 +14,14 @@
     the ForestColl cut bound (``shared/docs/reference-numbers.md`` section 2) with S = one whole node.
 ``latency_us``
     the alpha diameter: the smallest sum of alphas along a path between the farthest pair of ranks that
-    must communicate.
+    must communicate. Reductions (ReduceScatter, AllReduce, Reduce) also pay for merging: a thread block
+    receives from one peer, so without reading another block's data a sum grows by one input (the sending
+    rank's own) per hop, and such a read comes no earlier than ``runtime.sync_us`` (the flag) or two hops
+    (a round trip the proof may order it by) after the data was written. With R ranks and a smallest alpha
+    a, one rank's sum takes at least min((R-1) a, a + s), s = min(sync_us, 2a); across nodes, where m inputs
+    come from other nodes and the NIC's alpha is n, at least n + min((m-1) a, s): those inputs enter this
+    node in several messages, which must meet in a block after crossing the NIC, or in one connection whose
+    sender gathered them first.
 
 ``call_us``
     the runtime's fixed cost of one call (the topology's ``runtime.call_us``), paid by every algorithm.
@@ -186,8 +193,10 @@ def _latency_bound(topology, collective: str, root: int, proto: str) -> float:
     R = topology.num_ranks
     if c in ("broadcast", "scatter"):
         return max(dist(root, d) for d in range(R) if d != root)
-    if c in ("reduce", "gather"):
+    if c == "gather":
         return max(dist(s, root) for s in range(R) if s != root)
+    if c == "reduce":
+        return max([dist(s, root) for s in range(R) if s != root] + [_merge_latency(topology, intra, nic_alpha)])
     # every pair communicates; by node symmetry, sources in node 0 suffice
     worst = 0.0
     for a in range(n):
@@ -196,7 +205,25 @@ def _latency_bound(topology, collective: str, root: int, proto: str) -> float:
                 worst = max(worst, intra[a][b])
         if nodes > 1:
             worst = max(worst, out_cross[a])
+    if c in ("reducescatter", "allreduce"):
+        worst = max(worst, _merge_latency(topology, intra, nic_alpha))
     return worst
+
+
+def _merge_latency(topology, intra: list, nic_alpha: list) -> float:
+    """The least time before one rank can hold the sum of every rank's input (the module doc's argument)."""
+    spec = topology.spec
+    R = topology.num_ranks
+    hop = min([intra[a][b] for a in range(len(intra)) for b in range(len(intra)) if a != b] +
+              [x for x in nic_alpha if x < INF], default=INF)
+    if R < 3 or hop == INF:
+        return 0.0
+    read_other_block = min(spec.sync_us, 2 * hop)
+    merge = min((R - 1) * hop, hop + read_other_block)
+    if topology.nodes > 1:
+        m = R - topology.gpus_per_node  # the inputs from other nodes
+        merge = max(merge, min(nic_alpha) + min((m - 1) * hop, read_other_block))
+    return merge
 
 
 def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0, proto: str | None = None) -> dict:
@@ -250,13 +277,20 @@ def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int 
 
 
 def allreduce_optimum(topology, size_bytes: float, *, proto: str | None = None) -> float:
-    """The reduce-scatter plus all-gather optimum of an AllReduce: the ReduceScatter bound plus the AllGather
-    bound at the same size, one call cost. Every AllReduce without in-network reduction moves both volumes
-    through some GPU's ports when ingress and egress bandwidths are equal (`lower_bound` proves only M/B)."""
+    """The reduce-scatter plus all-gather optimum of an AllReduce: the ReduceScatter bound's bandwidth terms
+    plus the AllGather bound's at the same size, one call cost, and never less than the AllReduce's own
+    latency bound. Every AllReduce without in-network reduction moves both volumes through some GPU's ports
+    when ingress and egress bandwidths are equal (`lower_bound` proves only M/B); where latency rules (small
+    sizes) the yardstick is the provable bound, which one-pass programs reach, not two latencies."""
     protos = PROTOCOLS if proto is None else (proto,)
     best = INF
     for p in protos:
         rs = lower_bounds(topology, "reducescatter", size_bytes, proto=p)
         ag = lower_bounds(topology, "allgather", size_bytes, proto=p)
-        best = min(best, _total(rs) + _total(ag) - ag["call_us"])
+        ar = lower_bounds(topology, "allreduce", size_bytes, proto=p)
+        best = min(best, ar["call_us"] + max(ar["latency_us"], _bandwidth(rs) + _bandwidth(ag)))
     return best
+
+
+def _bandwidth(b: dict) -> float:
+    return max(b["ingress_us"], b["egress_us"], b["cut_us"])

@@ -1,0 +1,68 @@
+"""Lower bounds: valid for every program the simulator grades, and tight where a baseline reaches them."""
+import pytest
+
+from taccl.baselines import applicable, build
+from taccl.bounds import allreduce_optimum, lower_bound, lower_bounds
+from taccl.simulator import simulate
+from taccl.topology import load_topology
+
+H100_LL_NVSWITCH, H100_LL_NIC, H100_SYNC = 0.752, 2.7, 1.751
+
+
+def test_a_reduction_pays_for_merging_what_crosses_the_network():
+    t = load_topology("dgx-h100", 2)
+    # Sums of inputs from the other node meet in a thread block after the NIC (a flag, or a round trip of
+    # two NVSwitch hops, whichever is cheaper), or cross in one connection that gathered 7 of them first.
+    merge = H100_LL_NIC + min(7 * H100_LL_NVSWITCH, H100_SYNC, 2 * H100_LL_NVSWITCH)
+    for coll in ("reducescatter", "allreduce"):
+        assert lower_bounds(t, coll, 1024, proto="LL")["latency_us"] == pytest.approx(merge)
+    # gathering needs no merge: the farthest pair's latency stays the bound
+    assert lower_bounds(t, "allgather", 1024, proto="LL")["latency_us"] == pytest.approx(H100_LL_NIC)
+
+
+def test_the_direct_reduce_scatter_reaches_the_merge_bound_and_no_baseline_beats_it():
+    t = load_topology("dgx-h100", 2)
+    direct = simulate(build("direct", t, "reducescatter", proto="LL"), t, 1024).time_us
+    bound = lower_bound(t, "reducescatter", 1024, proto="LL")
+    assert bound <= direct <= 1.04 * bound  # it pays the flag, 0.25 us above the round trip the bound allows
+    for name in ("ring", "direct", "one-shot", "hierarchical", "double-binary-tree"):
+        for coll in ("reducescatter", "allreduce"):
+            if not applicable(name, t, coll):
+                continue
+            for proto in ("LL", "LL128"):
+                prog = build(name, t, coll, proto=proto)
+                for size in (1024, 65536):
+                    assert simulate(prog, t, size).time_us >= lower_bound(t, coll, size, proto=proto) * (1 - 1e-9), \
+                        (name, coll, proto, size)
+
+
+def test_one_node_reductions_merge_once_too():
+    t = load_topology("dgx-h100", 1)
+    b = lower_bounds(t, "reducescatter", 1024, proto="LL")
+    assert b["latency_us"] == pytest.approx(H100_LL_NVSWITCH + min(H100_SYNC, 2 * H100_LL_NVSWITCH))
+    prog = build("direct", t, "reducescatter", proto="LL")
+    assert simulate(prog, t, 1024).time_us >= lower_bound(t, "reducescatter", 1024, proto="LL")
+
+
+def test_without_a_flag_cost_a_reduction_bound_is_the_alpha_diameter():
+    # an uncalibrated topology has no runtime block: reading another block's data is free in the model
+    t = load_topology("ndv2", 1)
+    t_uncal = load_topology("dgx2", 1)
+    for topo in (t, t_uncal):
+        if topo.spec.sync_us:
+            continue
+        rs = lower_bounds(topo, "reducescatter", 1024, proto="LL")["latency_us"]
+        ag = lower_bounds(topo, "allgather", 1024, proto="LL")["latency_us"]
+        assert rs == pytest.approx(ag)
+
+
+def test_the_allreduce_optimum_is_the_provable_bound_at_small_sizes_and_rs_plus_ag_at_large():
+    # one node, 1 KiB: one merge (2.26 us) outweighs both volumes' port times with their latencies (1.5 us)
+    assert allreduce_optimum(load_topology("dgx-h100", 1), 1024) == pytest.approx(
+        lower_bound(load_topology("dgx-h100", 1), "allreduce", 1024))
+    t = load_topology("dgx-h100", 2)
+    size = 1 << 30
+    rs_ag = min(lower_bound(t, "reducescatter", size, proto=p) + lower_bound(t, "allgather", size, proto=p)
+                - lower_bounds(t, "allgather", size, proto=p)["call_us"] for p in ("Simple", "LL128", "LL"))
+    assert allreduce_optimum(t, size) == pytest.approx(rs_ag)
+    assert allreduce_optimum(t, size) > 1.5 * lower_bound(t, "allreduce", size)
