@@ -22,6 +22,11 @@
     come from other nodes and the NIC's alpha is n, at least n + min((m-1) a, s): those inputs enter this
     node in several messages, which must meet in a block after crossing the NIC, or in one connection whose
     sender gathered them first.
+``fanout_us``
+    several nodes, AllGather and AllToAll: each rank has a block of M/R bytes for each of the m ranks on
+    other nodes. Blocks sent on its own NIC (with the other GPUs attached to that NIC) cross it one by one;
+    any other way takes one more hop (a relay in the destination node, or to another NIC). With the NIC's
+    alpha n and bandwidth B, and a the smallest intra-node alpha: min(n + sharers x m x M/R / B, n + a).
 
 ``call_us``
     the runtime's fixed cost of one call (the topology's ``runtime.call_us``), paid by every algorithm.
@@ -55,10 +60,10 @@ Examples
 >>> from taccl.topology import load_topology
 >>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000)
 >>> sorted(b)
-['call_us', 'cut_us', 'egress_us', 'ingress_us', 'latency_us', 'proto']
+['call_us', 'cut_us', 'egress_us', 'fanout_us', 'ingress_us', 'latency_us', 'proto']
 >>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000, proto="Simple")
->>> round(b["cut_us"], 1)   # 16 MB must enter each node through 8 NICs of 12.5 GB/s
-162.6
+>>> round(b["cut_us"], 1)   # 16 MB must enter each node through 8 NICs of 12.5 GB/s, after 14 us
+174.0
 """
 
 from __future__ import annotations
@@ -263,12 +268,37 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
                 if v > 0:
                     cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
     latency = _latency_bound(topology, c, root, p) if R > 1 else 0.0
-    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency,
+    fanout = _fanout_bound(topology, c, size_bytes, p) if multi and c in ("allgather", "alltoall") else 0.0
+    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency, "fanout_us": fanout,
             "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
 
 
+def _fanout_bound(topology, collective: str, size_bytes: float, proto: str) -> float:
+    """The time before a rank's blocks reach every rank of the other nodes (the module doc's argument)."""
+    spec = topology.spec
+    intra = _intra_alpha_apsp(topology, proto)
+    hop = min((intra[a][b] for a in range(len(intra)) for b in range(len(intra)) if a != b), default=INF)
+    m = topology.num_ranks - topology.gpus_per_node
+    block = size_bytes / topology.num_ranks
+    own = [[] for _ in range(topology.gpus_per_node)]  # the NICs a GPU sends on without another hop
+    for _, gpus, tname in spec.nics:
+        c = spec.link_types[tname].cost(proto)
+        for g in gpus:
+            own[g].append((c, len(gpus)))
+    worst = 0.0
+    for nics in own:
+        if not nics:
+            continue  # its data crosses after an intra-node hop: the latency bound covers it
+        alpha = min(c.alpha_us for c, _ in nics)
+        # one NIC: every GPU on it sends its m blocks through it; several: at least their summed bandwidth
+        load = nics[0][1] * m * block if len(nics) == 1 else m * block
+        direct = alpha + load / (sum(c.bw_GBps for c, _ in nics) * 1000.0)
+        worst = max(worst, min(direct, alpha + hop))
+    return worst
+
+
 def _total(b: dict) -> float:
-    return b["call_us"] + max(b["ingress_us"], b["egress_us"], b["cut_us"], b["latency_us"])
+    return b["call_us"] + max(b["ingress_us"], b["egress_us"], b["cut_us"], b["latency_us"], b.get("fanout_us", 0.0))
 
 
 def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0, proto: str | None = None) -> float:

@@ -66,3 +66,21 @@ def test_the_allreduce_optimum_is_the_provable_bound_at_small_sizes_and_rs_plus_
                 - lower_bounds(t, "allgather", size, proto=p)["call_us"] for p in ("Simple", "LL128", "LL"))
     assert allreduce_optimum(t, size) == pytest.approx(rs_ag)
     assert allreduce_optimum(t, size) > 1.5 * lower_bound(t, "allreduce", size)
+
+
+def test_an_allgather_sends_its_blocks_through_its_own_nic_or_pays_a_relay():
+    t = load_topology("dgx-h100", 2)
+    b = lower_bounds(t, "allgather", 65536, proto="LL")
+    # 8 remote copies of a 4 KiB block on one 25 GB/s NIC take 1.3 us; a relay costs one NVSwitch hop instead
+    assert b["fanout_us"] == pytest.approx(H100_LL_NIC + min(8 * 4096 / 25e3, H100_LL_NVSWITCH))
+    direct = simulate(build("direct", t, "allgather", proto="LL"), t, 65536).time_us
+    assert lower_bound(t, "allgather", 65536, proto="LL") <= direct <= 1.08 * lower_bound(t, "allgather", 65536, proto="LL")
+    assert lower_bounds(load_topology("dgx-h100", 1), "allgather", 65536, proto="LL")["fanout_us"] == 0.0
+
+
+def test_the_module_examples_hold():
+    import doctest
+
+    import taccl.bounds
+
+    assert doctest.testmod(taccl.bounds).failed == 0
