@@ -174,10 +174,13 @@ def _intra_alpha_apsp(topology, proto: str) -> list:
     return dist
 
 
-def _latency_bound(topology, collective: str, root: int, proto: str) -> float:
+def _smallest_intra_alpha(intra: list) -> float:
+    return min((intra[a][b] for a in range(len(intra)) for b in range(len(intra)) if a != b), default=INF)
+
+
+def _latency_bound(topology, collective: str, root: int, proto: str, intra: list) -> float:
     spec = topology.spec
     n = spec.gpus_per_node
-    intra = _intra_alpha_apsp(topology, proto)
     nodes = topology.nodes
     # Crossing nodes: every GPU has a NIC, so the best path is (intra to some x) + x's NIC alpha (+ 0 inside
     # the destination node when landing on the destination itself).
@@ -219,8 +222,7 @@ def _merge_latency(topology, intra: list, nic_alpha: list) -> float:
     """The least time before one rank can hold the sum of every rank's input (the module doc's argument)."""
     spec = topology.spec
     R = topology.num_ranks
-    hop = min([intra[a][b] for a in range(len(intra)) for b in range(len(intra)) if a != b] +
-              [x for x in nic_alpha if x < INF], default=INF)
+    hop = min([_smallest_intra_alpha(intra)] + nic_alpha)
     if R < 3 or hop == INF:
         return 0.0
     read_other_block = min(spec.sync_us, 2 * hop)
@@ -267,17 +269,17 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
             for v in (vin, vout):
                 if v > 0:
                     cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
-    latency = _latency_bound(topology, c, root, p) if R > 1 else 0.0
-    fanout = _fanout_bound(topology, c, size_bytes, p) if multi and c in ("allgather", "alltoall") else 0.0
+    intra = _intra_alpha_apsp(topology, p)
+    latency = _latency_bound(topology, c, root, p, intra) if R > 1 else 0.0
+    fanout = _fanout_bound(topology, size_bytes, p, intra) if multi and c in ("allgather", "alltoall") else 0.0
     return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency, "fanout_us": fanout,
             "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
 
 
-def _fanout_bound(topology, collective: str, size_bytes: float, proto: str) -> float:
+def _fanout_bound(topology, size_bytes: float, proto: str, intra: list) -> float:
     """The time before a rank's blocks reach every rank of the other nodes (the module doc's argument)."""
     spec = topology.spec
-    intra = _intra_alpha_apsp(topology, proto)
-    hop = min((intra[a][b] for a in range(len(intra)) for b in range(len(intra)) if a != b), default=INF)
+    hop = _smallest_intra_alpha(intra)
     m = topology.num_ranks - topology.gpus_per_node
     block = size_bytes / topology.num_ranks
     own = [[] for _ in range(topology.gpus_per_node)]  # the NICs a GPU sends on without another hop

@@ -250,7 +250,8 @@ def load_sku(path) -> Sku:
     time_limit = float(doc.get("time_limit_s", DEFAULT_TIME_LIMIT_S))
     return Sku(name=doc.get("name") or path.stem, path=str(path), topology=topology, spec=spec, nodes=nodes,
                collectives=tuple(collectives), grid=grid, candidates=candidates, solver=doc.get("solver", "highs"),
-               time_limit_s=time_limit, stall_s=float(doc.get("stall_s", DEFAULT_STALL_S)), threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
+               time_limit_s=time_limit, stall_s=float(doc.get("stall_s", DEFAULT_STALL_S)),
+               threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
                # three MILP stages, plus lowering, checking and simulation
                job_timeout_s=float(doc.get("job_timeout_s", 4 * time_limit + 300)),
                max_tbs=int(doc.get("max_tbs", spec.sm_count or 108)), baseline_names=bnames,
