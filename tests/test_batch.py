@@ -311,6 +311,25 @@ def test_cache_key_follows_the_inputs(tmp_path):
     assert {t.key for t in a if t.kind == "baseline"} == {t.key for t in b if t.kind == "baseline"}
 
 
+def test_a_fusion_variant_lowers_each_synthesis_once_more(tmp_path):
+    # `fusion: [auto, network]`: two programs per synthesis on two nodes (the network one labelled so), one on
+    # a single node, where no send leaves it; the default program keeps the key it had without the variant
+    path = tmp_path / "sku.yaml"
+    hier = ROOT / "sketches" / "ndv2-hier.json"
+    base = f"topology: ndv2\nnodes: [1, 2]\ncollectives: [allreduce]\ncandidates:\n  - sketch: {hier}\n"
+    path.write_text(base + "    variants: {protocol: [LL], fusion: [auto, network]}\n")
+    tasks = [t for t in plan(load_sku(path)) if t.kind == "synthesis"]
+    labels = {t.nodes: sorted(p.label for p in t.programs) for t in tasks}
+    assert labels == {1: ["ndv2-hier@1MB/LL"], 2: ["ndv2-hier@1MB/LL", "ndv2-hier@1MB/LL+network"]}
+    assert {p.fusion for t in tasks for p in t.programs} == {"auto", "network"}
+    path.write_text(base + "    variants: {protocol: [LL]}\n")
+    plain = {p.key for t in plan(load_sku(path)) if t.kind == "synthesis" for p in t.programs}
+    assert plain == {p.key for t in tasks for p in t.programs if p.fusion == "auto"}
+    path.write_text(base + "    variants: {fusion: [eagerly]}\n")
+    with pytest.raises(UserError, match=r"variants\.fusion\[0\]"):
+        load_sku(path)
+
+
 def test_second_batch_on_the_same_outdir_is_refused(tmp_path):
     from taccl.batch.cache import OutdirLock
 

@@ -68,6 +68,7 @@ class ProgramJob:
     source: str  # candidate or baseline name
     proto: str
     instances: int
+    fusion: str = "auto"  # synthesized programs: the lowering policy (`taccl.lowering.FUSION_POLICIES`)
 
 
 @dataclass
@@ -124,10 +125,11 @@ def plan(sku: Sku) -> list:
               "stall_s": sku.stall_s, "threads": sku.threads, "seed": sku.seed}
     grid = list(sku.grid)
 
-    def program(key, label, kind, source, proto, inst, nodes):
+    def program(key, label, kind, source, proto, inst, nodes, fusion="auto"):
         sim_key = digest({"kind": "simulation", "program": key, "topology": topo_fp, "nodes": nodes, "sizes": grid,
                           "options": sim_opts})
-        return ProgramJob(key=key, sim_key=sim_key, label=label, kind=kind, source=source, proto=proto, instances=inst)
+        return ProgramJob(key=key, sim_key=sim_key, label=label, kind=kind, source=source, proto=proto, instances=inst,
+                          fusion=fusion)
 
     tasks = []
     for n in sku.nodes:
@@ -146,12 +148,20 @@ def plan(sku: Sku) -> list:
                                              (f".{policy}" if policy else "") + f"@{format_size(size)}")
                                     key = digest({"kind": "synthesis", "sketch": doc, "topology": topo_fp, "nodes": n,
                                                   "collective": coll, "size": size, "solver": solver})
-                                    pkey = digest({"kind": "program", "synthesis": key, "proto": proto,
-                                                   "instances": inst, "max_tbs": sku.max_tbs})
                                     plabel = f"{label}/{proto}" + (f".i{inst}" if inst > 1 else "")
-                                    prog = program(pkey, plabel, "synthesized", cand.name, proto, inst, n)
+                                    progs = []
+                                    for fusion in cand.fusions:
+                                        if fusion == "network" and n == 1:
+                                            continue  # no send leaves the node
+                                        pdoc = {"kind": "program", "synthesis": key, "proto": proto,
+                                                "instances": inst, "max_tbs": sku.max_tbs}
+                                        if fusion != "auto":  # (the default keeps the keys cached before)
+                                            pdoc["fusion"] = fusion
+                                        progs.append(program(digest(pdoc), plabel + ("" if fusion == "auto" else
+                                                                                     f"+{fusion}"),
+                                                             "synthesized", cand.name, proto, inst, n, fusion))
                                     tasks.append(Task(kind="synthesis", key=key, label=plabel, collective=coll,
-                                                      nodes=n, topology=sku.topology, grid=sku.grid, programs=[prog],
+                                                      nodes=n, topology=sku.topology, grid=sku.grid, programs=progs,
                                                       max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
                                                       sketch_doc=doc, size_bytes=size, solver=solver))
     from ..baselines import BASELINES, applicable
@@ -252,7 +262,8 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
             algo = Algorithm.from_json(algo_record["algorithm"])
             # the algorithm's own instance count is left to `lower`, which halves it if the blocks do not fit
             program = lower(algo, instances=None if prog.instances == algo.instances else prog.instances,
-                            proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo)
+                            proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo,
+                            fusion=prog.fusion)
         else:
             from ..baselines import build
 

@@ -14,6 +14,7 @@
       - sketch: ../ndv2-sk-1.json   # relative to this file
         collectives: [allgather, reducescatter, allreduce]   # default: all of the SKU's
         variants: {chunkup: [1, 2], switch_policy: [uc-min], instances: [1, 2], protocol: [Simple, LL]}
+        # fusion: [auto, network]   # lowering policies, one program each (default [auto]; see `taccl lower`)
     baselines: {protocol: [Simple, LL, LL128], emit: xml}     # names: default every applicable one
 
 `load_sku(path) -> Sku` reports every problem in the file at once (schema and meaning: unknown topology,
@@ -56,6 +57,7 @@ class Candidate:
     switch_policies: tuple = (None,)
     instances: tuple = (1,)
     protocols: tuple = ("Simple",)
+    fusions: tuple = ("auto",)  # lowering policies (`taccl.lowering.FUSION_POLICIES`), one program each
 
 
 @dataclass
@@ -323,4 +325,5 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
                      collectives=tuple(colls), nodes=cnodes, synthesis_sizes=tuple(synth),
                      chunkups=tuple(variants.get("chunkup", (None,))), switch_policies=policies,
                      instances=tuple(variants.get("instances", (1,))),
-                     protocols=tuple(variants.get("protocol", ("Simple",))))
+                     protocols=tuple(variants.get("protocol", ("Simple",))),
+                     fusions=tuple(variants.get("fusion", ("auto",))))

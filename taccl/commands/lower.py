@@ -10,7 +10,7 @@ from pathlib import Path
 from ..algorithm import Algorithm
 from ..errors import UserError
 from ..fileio import load_json
-from ..lowering import DEFAULT_MAX_TBS, lower, write_program
+from ..lowering import DEFAULT_MAX_TBS, FUSION_POLICIES, lower, write_program
 from ..units import parse_size
 from ..xmlio import DIALECTS
 
@@ -28,7 +28,13 @@ def register(subparsers) -> None:
     p.add_argument("--max-bytes", default="0", help="largest buffer size, inclusive; 0 = unbounded (default)")
     p.add_argument("--max-tbs", type=int, default=DEFAULT_MAX_TBS,
                    help=f"thread blocks per rank at most (SM count; default {DEFAULT_MAX_TBS}, A100)")
-    p.add_argument("--no-fusion", action="store_true", help="emit plain s/r/rrc steps (no rcs, rrs, rrcs)")
+    p.add_argument("--no-fusion", action="store_true",
+                   help="emit plain s/r/rrc steps (no rcs, rrs, rrcs); the same as --fusion none")
+    p.add_argument("--fusion", choices=FUSION_POLICIES, default="auto",
+                   help="which receives fuse with their forwarding sends: schedule (where the solver's schedule "
+                        "allows), eager (wherever the rules allow), none, network (eager, plus a fan-out's send "
+                        "that leaves the node; several nodes only), or auto (default: the fastest of them at the "
+                        "algorithm's input size, on its topology)")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
@@ -44,6 +50,8 @@ def default_output(algo_path: str) -> Path:
 
 
 def run(args) -> int:
+    if args.no_fusion and args.fusion not in ("auto", "none"):
+        raise UserError(f"--no-fusion and --fusion {args.fusion} contradict each other: give one of them")
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
     try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
         topology = algo.load_topology()
@@ -52,7 +60,7 @@ def run(args) -> int:
     program = lower(algo, instances=args.instances, proto=args.proto,
                     min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
                     max_bytes=parse_size(args.max_bytes, where="--max-bytes"), max_tbs=args.max_tbs,
-                    fuse=not args.no_fusion, topology=topology)
+                    topology=topology, fusion="none" if args.no_fusion else args.fusion)
     out = Path(args.output) if args.output else default_output(args.algorithm)
     write_program(program, out, dialect=args.dialect)
     if not args.quiet:

@@ -13,8 +13,8 @@ check                 `taccl.checker.check_program`: a program that fails is nev
 
 Public API
 ----------
-``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, topology=None)
--> Program``
+``lower(algorithm, *, instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, topology=None,
+fusion="auto") -> Program``
     (instances and protocol default to the algorithm's; with a topology, the fastest of its fusion policies)
 ``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
 ``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
@@ -37,7 +37,7 @@ from .ops import ChunkOp
 from .schedule import OrderFailed, allocate
 
 __all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
-           "DEFAULT_MAX_TBS"]
+           "DEFAULT_MAX_TBS", "FUSION_POLICIES"]
 
 MAX_CHANNELS = 32
 DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
@@ -54,7 +54,7 @@ class LoweringOptions:
     max_steps: int = DEFAULT_MAX_STEPS
     fuse: bool = True
     keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
-    network_fan_out: int = 0  # GPUs per node: fuse a fan-out's first send when it leaves the node (0: never)
+    network_fan_out: int = 0  # GPUs per node: fuse a fan-out's first send that leaves the node (0: never)
     flag_us: float = 0.0  # the runtime's dependency latency between thread blocks (0: unknown)
     check: bool = True
 
@@ -75,9 +75,26 @@ class LoweringOptions:
             raise UserError(f"--max-tbs must be at least 1, got {self.max_tbs}")
 
 
+# named fusion policies (`lower`'s `fusion`, `taccl lower --fusion`, a SKU's `fusion` variant); "auto" lowers
+# every one that applies and keeps the fastest at the algorithm's input size
+FUSION_POLICIES = ("auto", "schedule", "eager", "none", "network")
+
+
+def _fusion_policy(name: str, topology) -> dict:
+    """`_lower_one`'s arguments for a named fusion policy (not "auto")."""
+    if name == "schedule":
+        return dict(keep_schedule=True)
+    if name == "eager":
+        return dict(keep_schedule=False)
+    if name == "none":
+        return dict(keep_schedule=True, fuse=False)
+    return dict(keep_schedule=False, network_fan_out=topology.spec.gpus_per_node)
+
+
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
-          name: str | None = None, topology=None, keep_schedule: bool | None = None) -> Program:
+          name: str | None = None, topology=None, keep_schedule: bool | None = None,
+          fusion: str = "auto") -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
     `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
@@ -89,20 +106,35 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     overlap; False fuses wherever the rules allow. The schedule is a model too (it does not see the flag
     wait between two blocks that fusion saves, nor that a block holding a fused step takes every other step
     of its two connections in one order), so no choice wins everywhere: with a `topology` and no
-    `keep_schedule`, both, no fusion at all and (on several nodes) fusion wherever allowed plus the fan-outs
-    whose first send leaves the node (`taccl.lowering.fusion`: the sum of a rail's reduction sent back over
-    the network without a flag wait) are lowered, and the one the calibrated simulator finds fastest at the
+    `keep_schedule`, both, no fusion at all and (on several nodes) fusion wherever allowed plus each fan-out
+    fused with a send that leaves the node (`taccl.lowering.fusion`: the sum of a rail's reduction sent back
+    over the network without a flag wait) are lowered, and the one the calibrated simulator finds fastest at the
     algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
     (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. The candidates
     are lowered unchecked and only that one is proven (on 16 nodes a proof takes seconds); a policy whose
     program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling
     back to the next mode) and the candidates are ranked again. Without a topology the schedule is kept.
 
+    `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
+    "eager" (False), "none" (fuse=False) or "network" (eager plus the fan-outs whose send leaves the node;
+    it needs the multi-node `topology`). One size's winner is not every size's: the network fan-out can win
+    well below the input size and lose at it (2x NDv2 AllReduce synthesized at 64 KiB: 7% faster at 8-16 KiB,
+    2% slower at 64 KiB), so a SKU may list several policies as variants.
+
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     """
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
               fuse=fuse, check=check, name=name)
+    if fusion != "auto":
+        if fusion not in FUSION_POLICIES:
+            raise UserError(f"unknown fusion policy {fusion!r}; expected one of {', '.join(FUSION_POLICIES)}")
+        if fusion == "network" and (topology is None or topology.nodes < 2):
+            raise UserError("fusion policy 'network' fuses the sends that leave a node: it needs the algorithm's "
+                            "topology with several nodes")
+        if topology is not None:
+            kw["flag_us"] = topology.spec.sync_us
+        return _lower_one(algorithm, **{**kw, **_fusion_policy(fusion, topology)})[0]
     if keep_schedule is not None or topology is None or not fuse:
         return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
     kw["flag_us"] = topology.spec.sync_us
@@ -112,9 +144,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     first, direct_last = _lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choice: retrying both for each would repeat a failing lowering
     kw["direct_lasts"] = (direct_last,)
-    policies = [dict(keep_schedule=True), dict(keep_schedule=False), dict(keep_schedule=True, fuse=False)]
-    if topology.nodes > 1:
-        policies.append(dict(keep_schedule=False, network_fan_out=topology.spec.gpus_per_node))
+    names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
+    policies = [_fusion_policy(n, topology) for n in names]
     candidates = {0: first}  # policy index -> its program
     seen = {_fingerprint(first)}
     for k, policy in enumerate(policies[1:], 1):

@@ -13,9 +13,10 @@ this check and without fusion, and keeps the fastest program):
   or lives in scratch: receive, reduce, forward, store nothing.
 
 With ``network_fan_out`` (GPUs per node), a receive read by several instructions may also fuse with the
-first of them when that one is a send to another node: the others then wait for the fused step, that is
-until the network send's data has left (at small sizes a fraction of the flag wait it saves on the slowest
-hop, at large sizes much more: `taccl.lowering.lower` keeps such a program only where it simulates faster).
+first of them that is a send to another node: the others, even those scheduled before it, then wait for
+the fused step, that is until the network send's data has left (at small sizes a fraction of the flag wait
+it saves on the slowest hop, at large sizes much more: `taccl.lowering.lower` keeps such a program only
+where it simulates faster).
 
 The fused instruction does its receive and its send at one point of its thread block's order. Two modes
 choose that point:
@@ -51,12 +52,10 @@ def _candidate(x, serial=None, network_fan_out=0):
     best = None
     for y in x.readers:
         if (y.type is StepType.SEND and not y.dead and y.srcbuf == x.dstbuf and y.srcoff == x.dstoff
-                and y.cnt == x.cnt and len(y.deps) == 1 and x in y.deps and y.to is not None):
+                and y.cnt == x.cnt and len(y.deps) == 1 and x in y.deps and y.to is not None
+                and not (fan_out and y.send_peer // network_fan_out == x.rank // network_fan_out)):
             if best is None or y.key < best.key:
-                best = y
-    if fan_out and best is not None and (best.send_peer // network_fan_out == x.rank // network_fan_out
-                                         or any(r.key < best.key for r in x.readers)):
-        return None  # fan-out fusion only with the first reader, a send that leaves the node
+                best = y  # (a fan-out fuses only with a send that leaves the node)
     if best is not None and serial is not None and not serial(x.rank, x.recv_peer, best.send_peer):
         return None
     return best
