@@ -42,7 +42,8 @@ class Collective:
     postcondition: frozenset  # {(chunk, rank)}
     combining: bool = False
     root: int | None = None
-    form: str = ""  # "one-shot" for an AllReduce whose every rank sums the whole buffer itself
+    form: str = ""  # "one-shot": an AllReduce whose every rank sums the whole buffer itself; "exchange": a
+    # phase's AllReduce between pairs of ranks that swap their partial sums (`taccl.phases`)
     labels: list = field(default_factory=list)  # chunk -> tuple identity over ranks
     input_index: dict = field(default_factory=dict)  # (chunk, rank) -> index in that rank's input buffer
     output_index: dict = field(default_factory=dict)  # (chunk, rank) -> index in that rank's output buffer

@@ -23,7 +23,9 @@ a rail phase the node), so inside each group it moves the chunk towards the memb
 =============  ============================================================================================
 allgather      every member of a group that holds the chunk gets it
 reducescatter  the partial sums of a group's holders are reduced into the member closest to the target
-allreduce      the same reduction, then the group's sum is sent back to every member of the group
+allreduce      the same reduction, then the group's sum is sent back to every member of the group; in
+               groups of two, the two members exchange their partial sums and each adds the other's
+               (the same traffic on each link, one crossing on the critical path instead of two)
 alltoall       the chunk moves to the member of its holder's group closest to its destination
 =============  ============================================================================================
 
@@ -138,9 +140,9 @@ def _targets(coll: Collective) -> list:
     return out
 
 
-def _phase_collective(coll: Collective, name: str, pre, post, combining: bool) -> Collective:
+def _phase_collective(coll: Collective, name: str, pre, post, combining: bool, form: str = "") -> Collective:
     return Collective(name=name, num_ranks=coll.num_ranks, chunkup=coll.chunkup, num_chunks=coll.num_chunks,
-                      precondition=frozenset(pre), postcondition=frozenset(post), combining=combining,
+                      precondition=frozenset(pre), postcondition=frozenset(post), combining=combining, form=form,
                       labels=coll.labels, input_index=coll.input_index, output_index=coll.output_index,
                       input_chunks=coll.input_chunks, output_chunks=coll.output_chunks,
                       label_rank_slots=coll.label_rank_slots)
@@ -241,7 +243,8 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
             route = task = _phase_collective(coll, kind, pre, post, False)
         else:
             route = _phase_collective(coll, "allgather", route_pre, route_post, False)
-            task = _phase_collective(coll, kind, pre, post, True)
+            pairs = kind == "allreduce" and len(_members(groups, topology, _group_key(groups, topology, 0))) == 2
+            task = _phase_collective(coll, kind, pre, post, True, form="exchange" if pairs else "")
         moved = any(set(a) != set(h) or any(a[r] != h.get(r) for r in a) for a, h in zip(after, holders))
         if not moved:
             raise UserError(f"this {kind} phase over {groups} groups moves no data (the chunks are already where "

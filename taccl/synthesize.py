@@ -136,6 +136,14 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
             for s in coll.sources(c):
                 forward(s)
             continue
+        if coll.form == "exchange" and len(par) == 1:
+            # an AllReduce between two ranks (a phase's pair, `taccl.phases`): each sends its partial sum to
+            # the other and adds the one it gets, instead of a reduction to one and the sum sent back
+            (v, li), = par.items()
+            u = prob.links[li].src
+            add(c, v, u, "reduce", [])
+            add(c, u, v, "reduce", [])
+            continue
         # Reduction towards the tree's root: v sends its partial to its parent after its children did.
         roots = [s for s in prob.collective.sources(c)]
         up = {}

@@ -59,6 +59,16 @@ def allreduce_2rank():
     return _algo("ar2", coll, tr)
 
 
+def allreduce_swap():
+    """Two ranks swap their partial sums (each sends before the other's lands) and add what they get."""
+    coll = make_collective("allreduce", 2, 1)
+    tr = []
+    for c in (0, 1):
+        _add(tr, [c], 0, 1, "reduce", 0)
+        _add(tr, [c], 1, 0, "reduce", 0)
+    return _algo("swap", coll, tr)
+
+
 def alltoall_line(R=3):
     """AllToAll on a line 0-1-...-(R-1): chunks hop through relays, which must use scratch."""
     coll = make_collective("alltoall", R, 1)
@@ -91,6 +101,7 @@ CASES = [
     ("ring-reducescatter-4", lambda: ring_algorithm("reducescatter", 4)),
     ("ring-allreduce-5", lambda: ring_algorithm("allreduce", 5)),
     ("allreduce-2", allreduce_2rank),
+    ("allreduce-swap-2", allreduce_swap),  # received aside, folded once both were sent
     ("alltoall-relay-3", lambda: alltoall_line(3)),
     ("alltoall-relay-4", lambda: alltoall_line(4)),
 ]
@@ -552,10 +563,10 @@ def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_l
 
 
 def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
-    # 2x DGX H100 hierarchical AllReduce, LL at 64 KiB: the block that sends a node's sum to the network first
-    # receives another chunk's partial, which lands before the fold could start in a block of its own (its
-    # partial sums' arrival and a flag); knowing the flag latency, the fold goes after that receive, and the
-    # send no longer waits for another block's flag
+    # 2x DGX H100 hierarchical ReduceScatter, LL at 64 KiB: the block that sends a node's sum to the network
+    # first receives another chunk's partial, which lands before the fold could start in a block of its own
+    # (its partial sums' arrival and a flag); knowing the flag latency, the fold goes after that receive, and
+    # the send no longer waits for another block's flag
     from pathlib import Path
 
     from taccl.simulator import Simulator
@@ -563,7 +574,7 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     from taccl.synthesize import SynthesisOptions, synthesize
 
     root = Path(__file__).resolve().parent.parent
-    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="allreduce",
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="reducescatter",
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
     topo = algo.load_topology()
     unknown, known = (_lower_policy(algo, max_tbs=132, flag_us=f)[0] for f in (0.0, topo.spec.sync_us))
@@ -575,6 +586,32 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     assert folds_before_forward(known) > folds_before_forward(unknown)
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
     assert time_of(known) < time_of(unknown) - 1.0
+
+
+def test_a_swapped_sum_is_folded_in_the_block_that_received_it(monkeypatch):
+    # 2x DGX H100 hierarchical AllReduce, LL at 64 KiB: the two ranks of a rail swap their nodes' sums over
+    # the network, and each sum goes on to seven local peers. Folded in the block that received the other
+    # node's sum, the fold waits on no flag; in a block of its own it would wait on one, and the sends again
+    from pathlib import Path
+
+    import taccl.lowering.schedule as schedule
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="allreduce",
+                      input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
+    topo = algo.load_topology()
+    gpn = topo.spec.gpus_per_node
+    folded_on_arrival = _lower_policy(algo, max_tbs=132, flag_us=topo.spec.sync_us)[0]
+    assert check_program(folded_on_arrival).ok
+    assert any(a.type is StepType.RECV and b.type is StepType.REDUCE and tb.recv // gpn != g.id // gpn
+               for g in folded_on_arrival.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:]))
+    monkeypatch.setattr(schedule, "_receiving_block", lambda *a: None)
+    elsewhere = _lower_policy(algo, max_tbs=132, flag_us=topo.spec.sync_us)[0]
+    time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    assert time_of(folded_on_arrival) < time_of(elsewhere) - 1.0
 
 
 def test_merged_thread_blocks_pair_connections_the_schedule_keeps_apart():

@@ -83,6 +83,28 @@ def test_hierarchical_programs_are_proven_and_compute_the_collective(tmp_path, c
     assert report["checked"] and report["wrong"] == 0
 
 
+def test_a_pair_exchanges_its_partial_sums(tmp_path):
+    # on two nodes a rail holds two ranks: each sends its partial sum to the other and adds the one it gets
+    # (one network crossing on the critical path instead of a reduction and the sum sent back); three nodes
+    # keep the reduction to one rank and the broadcast
+    assert [p.task_coll.form for p in plan(tmp_path, "allreduce", nodes=2)] == ["", "exchange", ""]
+    assert [p.task_coll.form for p in plan(tmp_path, "allreduce", nodes=3)] == ["", "", ""]
+    algo = synthesize(sketch(tmp_path, collective="allreduce", nodes=2), options=SynthesisOptions(time_limit_s=20))
+    net = [t for t in algo.transfers if t.link == "ib"]
+    assert net and all(t.op == "reduce" for t in net)
+    pairs = {(t.src, t.dst, t.chunks) for t in net}
+    assert all((d, s, c) in pairs for s, d, c in pairs)
+    program = lower(algo)  # proven by the checker, or it raises
+    path = write_program(program, tmp_path / "allreduce.xml")
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import run_program
+
+    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
+    assert report["checked"] and report["wrong"] == 0
+
+
 def test_phases_are_composed_chunk_by_chunk(tmp_path):
     """A chunk's node phase starts as soon as that chunk crossed the network, not after the whole rail phase."""
     algo = synthesize(sketch(tmp_path, collective="allgather"), options=SynthesisOptions(time_limit_s=20))

@@ -11,6 +11,9 @@ Where chunk c lives on rank r:
   place); reductions that several ranks send into one copy back to back are received into scratch instead
   and folded into the home by one run of local reductions once all have arrived (or all but the last, which
   then reduces into the folded sum as it lands: ``direct_last``, for the protocols with short steps);
+  two ranks that swap partial sums (a pair's exchange, `taccl.phases`) each send before the other's lands,
+  which one place in the transfer order cannot say: both are received into scratch and folded once both
+  were sent;
 - at the end, every postcondition chunk not yet at its home is copied there locally (AllGather's own chunk
   from input to output, say).
 
@@ -75,7 +78,24 @@ def _runs(items, single):
     return runs
 
 
-def _converging_reductions(order: list, direct_last: bool) -> dict:
+def _swaps(order: list) -> dict:
+    """Reductions two ranks send each other on the same chunks, each sent before the other lands (a pair
+    exchanging partial sums): transfer id -> its partner's."""
+    by_pair = {}
+    for t in order:
+        if t.op == REDUCE:
+            by_pair.setdefault((t.src, t.dst, tuple(sorted(t.chunks))), []).append(t)
+    out = {}
+    for (a, b, chunks), ts in by_pair.items():
+        for t in ts:
+            for u in by_pair.get((b, a, chunks), ()):
+                if (t.id not in out and u.id not in out and u.send_us < t.arrive_us
+                        and t.send_us < u.arrive_us):
+                    out[t.id], out[u.id] = u.id, t.id
+    return out
+
+
+def _converging_reductions(order: list, direct_last: bool, swaps=()) -> dict:
     """Reductions that several ranks send into one rank's copy of a chunk back to back (nothing reads or
     writes that copy in between): (transfer id, chunk) -> a shared record {"last": id of the last one
     received aside, "slots": []}. Reduced one after another in place, each would wait for the previous;
@@ -84,12 +104,14 @@ def _converging_reductions(order: list, direct_last: bool) -> dict:
 
     With `direct_last` the last reduction of each run is not received aside: it reduces into the folded
     sum as it lands, in the thread block that receives it, so no other block has to wait for a fold before
-    the sum moves on (and a single forwarding send can fuse with it into one receive-reduce-send)."""
+    the sum moves on (and a single forwarding send can fuse with it into one receive-reduce-send). A swap
+    (`_swaps`) is folded on its own and ends a run."""
     events = {}  # (chunk, rank) -> [(kind, transfer id)] in transfer order
     for t in order:
         for c in t.chunks:
             events.setdefault((c, t.src), []).append(("read", t.id))
-            events.setdefault((c, t.dst), []).append(("reduce" if t.op == REDUCE else "write", t.id))
+            events.setdefault((c, t.dst), []).append(("reduce" if t.op == REDUCE and t.id not in swaps
+                                                      else "write", t.id))
     out = {}
     for (c, _), evs in events.items():
         run = []
@@ -106,7 +128,7 @@ def _converging_reductions(order: list, direct_last: bool) -> dict:
     return out
 
 
-def _latest_arrival_last(order: list, max_span: int = 4096) -> list:
+def _latest_arrival_last(order: list, max_span: int = 4096, swaps=()) -> list:
     """`order` with the partial sum that arrives last (the solver's arrival time) of each converging reduction
     moved to the end of its run, where that is safe: the direct one of `direct_last` should be the one the
     others are folded before, not the one sent last (a partial that crosses the network is sent early and
@@ -119,7 +141,7 @@ def _latest_arrival_last(order: list, max_span: int = 4096) -> list:
             touches.setdefault((c, t.dst), []).append(pos)
     moves = {}  # position -> the run end it goes right after
     for (c, r), positions in touches.items():
-        run = [p for p in positions if order[p].dst == r and order[p].op == REDUCE]
+        run = [p for p in positions if order[p].dst == r and order[p].op == REDUCE and order[p].id not in swaps]
         if len(run) < 2 or run != positions[-len(run):]:
             continue  # only a run of reductions that ends this copy's history (nothing reads it in between)
         latest, end = max(run, key=lambda p: (order[p].arrive_us, p)), run[-1]
@@ -170,12 +192,24 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
             home[(c, r)] = h
         return h
 
+    def fold(r, c, slots, pos):
+        """Local reductions of the partial sums received aside into `slots` into the home of c on r."""
+        into = home_of(c, r)
+        operand = loc[(c, r)]
+        for j, slot in enumerate(slots):
+            ops.append(ChunkOp(REDUCE, r, slot[0], slot[1], r, into[0], into[1],
+                               operand=operand if j == 0 and operand != into else None,
+                               key=(pos, 1000 + j), origin=f"local reduction on rank {r}"))
+        loc[(c, r)] = into
+
     ops = []
     order = transfer_order(algo.transfers)
+    swaps = _swaps(order)
     if direct_last:
-        order = _latest_arrival_last(order)
+        order = _latest_arrival_last(order, swaps=swaps)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
-    staged = _converging_reductions(order, direct_last)
+    staged = _converging_reductions(order, direct_last, swaps)
+    swapped = {}  # transfer id of a swap -> [(chunk, scratch slot)] it received aside
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
         if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:
@@ -199,7 +233,7 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
                 operand = None
             items.append([c, src, None, operand])
         for it in items:  # allocate homes in the transfer's chunk order (consecutive scratch)
-            if (t.id, it[0]) in staged:  # a partial sum received aside, reduced locally with the others
+            if (t.id, it[0]) in staged or t.id in swaps:  # a partial sum received aside, reduced locally
                 it[2] = (Buf.SCRATCH, scratch_next[t.dst])
                 scratch_next[t.dst] += 1
                 it[3] = None
@@ -215,19 +249,22 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
                                    operand=opnd, key=(pos, k), origin=where, span=(t.send_us, t.arrive_us),
                                    after=tuple(pos_of[a] for a in t.after)))
                 k += 1
+        if t.id in swaps:
+            swapped[t.id] = [(it[0], it[2]) for it in items]
+            partner = swaps[t.id]
+            if partner in swapped:  # both sent: each rank adds what it got
+                for u in (t.id, partner):
+                    r = t.dst if u == t.id else t.src
+                    for c, slot in swapped[u]:
+                        fold(r, c, [slot], pos)
+            continue
         for it in items:
             c = it[0]
             if (t.id, c) in staged:
                 aside = staged[(t.id, c)]
                 aside["slots"].append(it[2])
                 if aside["last"] == t.id:  # every partial is here: fold them into the home, in one pass
-                    into = home_of(c, t.dst)
-                    operand = loc[(c, t.dst)]
-                    for j, slot in enumerate(aside["slots"]):
-                        ops.append(ChunkOp(REDUCE, t.dst, slot[0], slot[1], t.dst, into[0], into[1],
-                                           operand=operand if j == 0 and operand != into else None,
-                                           key=(pos, 1000 + j), origin=f"local reduction on rank {t.dst}"))
-                    loc[(c, t.dst)] = into
+                    fold(t.dst, c, aside["slots"], pos)
             else:
                 loc[(c, t.dst)] = it[2]
     # final local copies to the postcondition slots

@@ -357,7 +357,8 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     workers = {}  # rank -> its local-only thread blocks
     for (rank, _), group in sorted(groups.items(), key=lambda kv: kv[1][0].pos):
         reduction = any(i.type is StepType.REDUCE for i in group)
-        tb = _forwarding_block(group, step_cap, flag_us) if reduction else None
+        tb = (_forwarding_block(group, step_cap, flag_us) or _receiving_block(group, step_cap, flag_us)
+              if reduction else None)
         if tb is None:
             pool = workers.setdefault(rank, []) if reduction else by_rank.setdefault(rank, [])
             cands = [b for b in pool if b.nsteps + len(group) <= step_cap]
@@ -412,6 +413,27 @@ def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
         after = max(i.pos for i in between)
         for k, ins in enumerate(sorted(group, key=lambda i: i.pos)):
             ins.pos = after + (1 << 30, k)  # no step of the block lies between `after` and this
+    return tb
+
+
+def _receiving_block(group: list, step_cap: int, flag_us: float):
+    """The thread block that received every partial sum this local reduction folds, if the fold can go there
+    right after them: every step of that block between the last of them and the fold lands before the fold
+    could start in a block of its own (the partials' arrival plus `flag_us`), room for the steps; else None.
+    The fold then waits on no flag, only its consumers do (a pair's swapped sum going to the local peers)."""
+    members = {id(i) for i in group}
+    # the receives of the partials (the fold's sources; its other operand was usually there long before)
+    receives = [d for i in group for d in i.deps if id(d) not in members and d.recv_peer >= 0
+                and d.dstbuf == i.srcbuf and d.dstoff <= i.srcoff < d.dstoff + d.cnt]
+    if not receives or any(d.tb is None or d.span is None for d in receives):
+        return None
+    tb = receives[0].tb
+    if any(d.tb is not tb for d in receives) or tb.nsteps + len(group) > step_cap:
+        return None
+    last, first = max(d.pos for d in receives), min(i.pos for i in group)
+    could_start = max(d.span[1] for d in receives) + flag_us
+    if any(i.span is None or i.span[1] > could_start for i in tb.instrs if last < i.pos < first):
+        return None
     return tb
 
 
