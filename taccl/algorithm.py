@@ -12,6 +12,9 @@ to `dst`. `op` is "copy" (dst now holds the chunks) or "reduce" (dst adds src's 
 into its own). `deps` are the ids of the transfers whose arrival at `src` this one waits for; `after` (if
 any) the transfers from the same source that the schedule puts just before it on a resource that carries
 one transfer at a time (a NIC, say): the lowering makes it wait for them, so the program keeps the order.
+`exchange` (if any) names reverse reductions this one swaps partial sums with (a pair's exchange): for the
+chunks they share, each sends its source's sum without what the other brings, and each rank adds what it
+got once both were sent, whatever the timing (the lowering receives both aside, `taccl.lowering.buffers`).
 Transfers are listed in send-time order; on each (src, dst) pair, list order is the order of the sends.
 
 `verify(algorithm, collective)` is the transfer-level proof that the schedule implements the collective:
@@ -43,6 +46,7 @@ class Transfer:
     deps: tuple = ()
     link: str = ""
     after: tuple = ()  # transfers of the same source sharing a one-at-a-time resource, scheduled just before
+    exchange: tuple = ()  # reverse reductions it swaps partial sums with (see the module docstring)
 
 
 @dataclass
@@ -80,7 +84,8 @@ class Algorithm:
         doc["transfers"] = [
             dict({"id": t.id, "chunks": list(t.chunks), "src": t.src, "dst": t.dst, "op": t.op,
                   "send_us": round(t.send_us, 6), "arrive_us": round(t.arrive_us, 6), "deps": list(t.deps),
-                  "link": t.link}, **({"after": list(t.after)} if t.after else {}))
+                  "link": t.link}, **({"after": list(t.after)} if t.after else {}),
+                 **({"exchange": list(t.exchange)} if t.exchange else {}))
             for t in self.transfers
         ]
         doc["time_us"] = round(self.time_us, 6)
@@ -95,7 +100,8 @@ class Algorithm:
             transfers = [Transfer(id=int(t["id"]), chunks=tuple(int(c) for c in t["chunks"]), src=int(t["src"]),
                                   dst=int(t["dst"]), op=str(t["op"]), send_us=float(t["send_us"]),
                                   arrive_us=float(t["arrive_us"]), deps=tuple(int(d) for d in t.get("deps", ())),
-                                  link=str(t.get("link", "")), after=tuple(int(d) for d in t.get("after", ())))
+                                  link=str(t.get("link", "")), after=tuple(int(d) for d in t.get("after", ())),
+                                  exchange=tuple(int(d) for d in t.get("exchange", ())))
                          for t in doc["transfers"]]
             algo = cls(name=str(doc["name"]), collective=dict(doc["collective"]), topology=dict(doc["topology"]),
                        input_size_bytes=int(doc["input_size_bytes"]), chunk_bytes=float(doc["chunk_bytes"]),
@@ -111,6 +117,10 @@ class Algorithm:
                             where="$.protocol")
         if algo.instances < 1:
             raise UserError(f"instances must be at least 1, got {algo.instances}", path=path, where="$.instances")
+        try:
+            exchange_partners(algo.transfers)
+        except UserError as exc:
+            raise UserError(exc.message, path=path, where="$.transfers") from None
         return algo
 
     @property
@@ -153,6 +163,27 @@ def collective_from_json(doc: dict) -> Collective:
                            form=doc.get("form", ""))
 
 
+def exchange_partners(transfers) -> dict:
+    """(transfer id, chunk) -> the id of the reverse reduction it swaps that chunk's partial sums with
+    (`Transfer.exchange`); a UserError where a transfer names one that is not such a reduction naming it
+    back and sharing a chunk."""
+    by_id = {t.id: t for t in transfers}
+    out = {}
+    for t in transfers:
+        for pid in t.exchange:
+            p = by_id.get(pid)
+            shared = set(t.chunks) & set(p.chunks) if p is not None else set()
+            if (p is None or t.op != "reduce" or p.op != "reduce" or (p.src, p.dst) != (t.dst, t.src)
+                    or t.id not in p.exchange or not shared):
+                raise UserError(f"transfer {t.id} ({t.src}->{t.dst}) exchanges with transfer {pid}, which is not a "
+                                f"reduction {t.dst}->{t.src} of a chunk it carries that names it back")
+            for c in shared:
+                if out.setdefault((t.id, c), pid) != pid:
+                    raise UserError(f"transfer {t.id} exchanges chunk {c} with two transfers, {out[(t.id, c)]} "
+                                    f"and {pid}")
+    return out
+
+
 def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
     """Prove the schedule implements `coll`; raise CheckFailed naming the first broken transfer.
 
@@ -161,6 +192,9 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
     `taccl.ordering`); when given, no two transfers overlap on one connection (src, dst) until their data
     left, and no shared resource carries more transfers' data (which starts the overhead after the send and
     leaves the in-flight latency before the arrival) at once than it has lanes.
+
+    A chunk a transfer exchanges (`Transfer.exchange`) is added at its destination once it has arrived and
+    the partner has been sent: the partner sends the sum without it, as the lowering's program does.
     """
     by_id = {t.id: t for t in algo.transfers}
     # Contribution multisets: state[(chunk, rank)] = Counter of origin ranks summed into that copy.
@@ -197,19 +231,26 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
             if len(active) > lanes:
                 raise CheckFailed(f"transfers {sorted(active)} use {res} at the same time, which carries "
                                   f"{lanes} at once")
-    # Replay in time order, arrivals before sends at the same instant: a send reads its source's state then.
-    pending = sorted([(round(t.arrive_us, 6), 0, t.id) for t in algo.transfers] +
-                     [(round(t.send_us, 6), 1, t.id) for t in algo.transfers])
-    for _, kind, tid in pending:
+    # Replay in time order, arrivals before sends at the same instant: a send reads its source's state then;
+    # an exchanged chunk lands after its partner's send (kind 2: after the sends of the same instant).
+    partners = exchange_partners(algo.transfers)
+    events = [(t.send_us, 1, t.id, t.chunks) for t in algo.transfers]
+    for t in algo.transfers:
+        plain = tuple(c for c in t.chunks if (t.id, c) not in partners)
+        if plain:
+            events.append((t.arrive_us, 0, t.id, plain))
+        events += [(max(t.arrive_us, by_id[partners[(t.id, c)]].send_us), 2, t.id, (c,))
+                   for c in t.chunks if (t.id, c) in partners]
+    for when, kind, tid, chunks in sorted(events, key=lambda e: (round(e[0], 6),) + e[1:]):
         t = by_id[tid]
         if kind == 1:
-            for c in t.chunks:
+            for c in chunks:
                 if (c, t.src) not in state or ready_at[(c, t.src)] > t.send_us + EPS_US:
                     raise CheckFailed(f"transfer {t.id}: rank {t.src} sends chunk {c} to rank {t.dst} at {t.send_us:.3f} us "
                                       f"but does not hold it then")
                 snapshot[(tid, c)] = Counter(state[(c, t.src)])
         else:
-            for c in t.chunks:
+            for c in chunks:
                 got = snapshot[(tid, c)]
                 key = (c, t.dst)
                 if t.op == "copy":
@@ -218,7 +259,7 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
                     if key not in state:
                         raise CheckFailed(f"transfer {t.id}: rank {t.dst} reduces chunk {c} but holds no contribution of it")
                     state[key] = state[key] + got
-                ready_at[key] = t.arrive_us
+                ready_at[key] = when
     for c, r in sorted(coll.postcondition):
         got = state.get((c, r))
         if got is None:

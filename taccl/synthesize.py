@@ -141,8 +141,8 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
             # the other and adds the one it gets, instead of a reduction to one and the sum sent back
             (v, li), = par.items()
             u = prob.links[li].src
-            add(c, v, u, "reduce", [])
-            add(c, u, v, "reduce", [])
+            there, back = add(c, v, u, "reduce", []), add(c, u, v, "reduce", [])
+            tasks[there].exchange, tasks[back].exchange = back, there
             continue
         # Reduction towards the tree's root: v sends its partial to its parent after its children did.
         roots = [s for s in prob.collective.sources(c)]
@@ -336,11 +336,14 @@ def _set_sync(tasks: list, spec, chunk_bytes: float) -> dict:
 def _chain(tasks: list, offset: int, writers: dict) -> list:
     """A phase's tasks renumbered after the earlier phases', each waiting for the arrivals that made up its
     source's copy of its chunk in earlier phases (chunk-level pipelining between phases); `writers` is
-    updated with this phase's arrivals."""
+    updated with this phase's arrivals. A swapped partial sum is added only once the partner was sent
+    (`Transfer.exchange`), so a later reader of the sum waits for both."""
     before = dict(writers)
     for t in tasks:
         t.id += offset
         t.preds = [p + offset for p in t.preds] + before.get((t.chunk, t.src), [])
+        if t.exchange is not None:
+            t.exchange += offset
     touched = {}
     for t in sorted(tasks, key=lambda t: t.id):
         key = (t.chunk, t.dst)
@@ -348,6 +351,8 @@ def _chain(tasks: list, offset: int, writers: dict) -> list:
             touched[key] = [t.id]
         else:  # a reduction adds to it
             touched[key] = touched.get(key, before.get(key, [])) + [t.id]
+            if t.exchange is not None:
+                touched[key].append(t.exchange)
     writers.update(touched)
     return tasks
 
@@ -399,9 +404,11 @@ def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched) -> A
     for g_index, g in enumerate(cont.groups):
         first = tasks[g.tasks[0]]
         deps = sorted({gid[p] for i in g.tasks for p in tasks[i].preds} - {g_index})
+        exchange = sorted({gid[tasks[i].exchange] for i in g.tasks if tasks[i].exchange is not None})
         transfers.append(Transfer(id=g_index, chunks=tuple(tasks[i].chunk for i in g.tasks), src=first.src, dst=first.dst,
                                   op=first.op, send_us=g.start_us, arrive_us=g.finish_us, deps=tuple(deps),
-                                  link=first.link_type, after=tuple(sorted(after.get(g_index, ())))))
+                                  link=first.link_type, after=tuple(sorted(after.get(g_index, ()))),
+                                  exchange=tuple(exchange)))
     return Algorithm(name=name or sketch.name, collective=collective_to_json(coll),
                      topology={"name": topo.name, "nodes": topo.nodes, "path": topo.spec.path},
                      input_size_bytes=size, chunk_bytes=prob.chunk_bytes, transfers=transfers,

@@ -69,6 +69,19 @@ def allreduce_swap():
     return _algo("swap", coll, tr)
 
 
+def allreduce_exchange_late():
+    """Two ranks exchange partial sums (`Transfer.exchange`), one sending after the other's has landed: it
+    still sends its own sum without the other's."""
+    coll = make_collective("allreduce", 2, 1)
+    tr = []
+    for c in (0, 1):
+        a = _add(tr, [c], 0, 1, "reduce", 0)
+        b = _add(tr, [c], 1, 0, "reduce", 3)
+        tr[a].exchange, tr[b].exchange = (b,), (a,)
+    tr.sort(key=lambda x: (x.send_us, x.id))
+    return _algo("exchange-late", coll, tr)
+
+
 def alltoall_line(R=3):
     """AllToAll on a line 0-1-...-(R-1): chunks hop through relays, which must use scratch."""
     coll = make_collective("alltoall", R, 1)
@@ -102,6 +115,7 @@ CASES = [
     ("ring-allreduce-5", lambda: ring_algorithm("allreduce", 5)),
     ("allreduce-2", allreduce_2rank),
     ("allreduce-swap-2", allreduce_swap),  # received aside, folded once both were sent
+    ("allreduce-exchange-late-2", allreduce_exchange_late),  # the same, declared, whatever the timing
     ("alltoall-relay-3", lambda: alltoall_line(3)),
     ("alltoall-relay-4", lambda: alltoall_line(4)),
 ]
@@ -176,6 +190,22 @@ def test_many_steps_spill_to_channels():
     assert p.nchannels >= 2
     assert max(len(tb.steps) for g in p.gpus for tb in g.threadblocks) <= 64
     assert check_program(p).ok
+
+
+def test_an_exchange_is_what_makes_a_late_reverse_reduction_right(tmp_path):
+    algo = allreduce_exchange_late()
+    verify(algo, algo.make_collective())
+    for t in algo.transfers:  # undeclared, the late send carries the other's contribution back: counted twice
+        t.exchange = ()
+    with pytest.raises(CheckFailed, match="duplicated from"):
+        verify(algo, algo.make_collective())
+    # the field survives the file, and a broken one is refused naming the file
+    doc = allreduce_exchange_late().to_json()
+    assert doc["transfers"][0]["exchange"] == [1] and Algorithm.from_json(doc).transfers[0].exchange == (1,)
+    doc["transfers"][0]["exchange"] = []  # transfer 1 names transfer 0, which does not name it back
+    with pytest.raises(UserError, match=r"x\.algo\.json: \$\.transfers: transfer 1 \(1->0\) exchanges with "
+                                        r"transfer 0, which is not a reduction 0->1"):
+        Algorithm.from_json(doc, path="x.algo.json")
 
 
 def test_write_program_checks(tmp_path):

@@ -210,3 +210,18 @@ def test_one_shot_allreduce_takes_reduce_scatter_phases_only(tmp_path):
                     Topology(spec_from_dict(NODE), 3), make_collective("allreduce", 6, form="one-shot"))
     with pytest.raises(UserError, match=r"hyperparameters\.allreduce"):
         sketch(tmp_path, collective="allreduce", hyperparameters={"allreduce": "two-shot"})
+
+
+def test_an_exchange_over_a_shared_nic_is_right_whatever_the_timing():
+    # 2x NDv2 (one NIC per node for eight GPUs): the schedule sends some swapped sums only after the other
+    # side's has landed; each still sends its own node's sum (`Transfer.exchange`), so the synthesis is
+    # proven and lowers to a proven program (these syntheses failed their proof before)
+    sk = sketch_from_dict(json.loads((ROOT / "sketches" / "ndv2-hier.json").read_text()),
+                          path=str(ROOT / "sketches" / "ndv2-hier.json"))
+    algo = synthesize(sk, nodes=2, collective="allreduce", input_size=1 << 20,
+                      options=SynthesisOptions(proto="Simple", time_limit_s=20))
+    by_id = {t.id: t for t in algo.transfers}
+    swapped = [t for t in algo.transfers if t.exchange]
+    assert swapped and all(t.link == "ib" and t.op == "reduce" for t in swapped)
+    assert any(by_id[p].send_us > t.arrive_us for t in swapped for p in t.exchange)
+    lower(algo)  # proven by the checker, or it raises

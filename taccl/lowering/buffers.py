@@ -11,9 +11,9 @@ Where chunk c lives on rank r:
   place); reductions that several ranks send into one copy back to back are received into scratch instead
   and folded into the home by one run of local reductions once all have arrived (or all but the last, which
   then reduces into the folded sum as it lands: ``direct_last``, for the protocols with short steps);
-  two ranks that swap partial sums (a pair's exchange, `taccl.phases`) each send before the other's lands,
-  which one place in the transfer order cannot say: both are received into scratch and folded once both
-  were sent;
+  two ranks that swap partial sums (a pair's exchange, `taccl.phases`; `Transfer.exchange`, or two reverse
+  reductions each sent before the other lands) each send their sum without the other's, which one place in
+  the transfer order cannot say: both are received into scratch and folded once both were sent;
 - at the end, every postcondition chunk not yet at its home is copied there locally (AllGather's own chunk
   from input to output, say).
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 
+from ..algorithm import exchange_partners
 from ..errors import UserError
 from ..program import Buf
 from .ops import COPY, MAX_CNT, REDUCE, ChunkOp
@@ -79,19 +80,23 @@ def _runs(items, single):
 
 
 def _swaps(order: list) -> dict:
-    """Reductions two ranks send each other on the same chunks, each sent before the other lands (a pair
-    exchanging partial sums): transfer id -> its partner's."""
+    """Partial sums two ranks swap (a pair's exchange): (transfer id, chunk) -> the partner transfer's id.
+    The algorithm's `Transfer.exchange` pairs, and reverse reductions of the same chunks each sent before the
+    other lands (which the transfer-level semantics make a swap too: each send reads its rank's sum then)."""
+    out = exchange_partners(order)
     by_pair = {}
     for t in order:
         if t.op == REDUCE:
             by_pair.setdefault((t.src, t.dst, tuple(sorted(t.chunks))), []).append(t)
-    out = {}
+    paired = {tid for tid, _ in out}
     for (a, b, chunks), ts in by_pair.items():
         for t in ts:
             for u in by_pair.get((b, a, chunks), ()):
-                if (t.id not in out and u.id not in out and u.send_us < t.arrive_us
+                if (t.id not in paired and u.id not in paired and u.send_us < t.arrive_us
                         and t.send_us < u.arrive_us):
-                    out[t.id], out[u.id] = u.id, t.id
+                    paired |= {t.id, u.id}
+                    out.update({(t.id, c): u.id for c in chunks})
+                    out.update({(u.id, c): t.id for c in chunks})
     return out
 
 
@@ -110,7 +115,7 @@ def _converging_reductions(order: list, direct_last: bool, swaps=()) -> dict:
     for t in order:
         for c in t.chunks:
             events.setdefault((c, t.src), []).append(("read", t.id))
-            events.setdefault((c, t.dst), []).append(("reduce" if t.op == REDUCE and t.id not in swaps
+            events.setdefault((c, t.dst), []).append(("reduce" if t.op == REDUCE and (t.id, c) not in swaps
                                                       else "write", t.id))
     out = {}
     for (c, _), evs in events.items():
@@ -141,7 +146,7 @@ def _latest_arrival_last(order: list, max_span: int = 4096, swaps=()) -> list:
             touches.setdefault((c, t.dst), []).append(pos)
     moves = {}  # position -> the run end it goes right after
     for (c, r), positions in touches.items():
-        run = [p for p in positions if order[p].dst == r and order[p].op == REDUCE and order[p].id not in swaps]
+        run = [p for p in positions if order[p].dst == r and order[p].op == REDUCE and (order[p].id, c) not in swaps]
         if len(run) < 2 or run != positions[-len(run):]:
             continue  # only a run of reductions that ends this copy's history (nothing reads it in between)
         latest, end = max(run, key=lambda p: (order[p].arrive_us, p)), run[-1]
@@ -209,7 +214,7 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
         order = _latest_arrival_last(order, swaps=swaps)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
     staged = _converging_reductions(order, direct_last, swaps)
-    swapped = {}  # transfer id of a swap -> [(chunk, scratch slot)] it received aside
+    swapped = {}  # (transfer id, chunk) of a swap -> the scratch slot it received aside
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
         if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:
@@ -233,7 +238,7 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
                 operand = None
             items.append([c, src, None, operand])
         for it in items:  # allocate homes in the transfer's chunk order (consecutive scratch)
-            if (t.id, it[0]) in staged or t.id in swaps:  # a partial sum received aside, reduced locally
+            if (t.id, it[0]) in staged or (t.id, it[0]) in swaps:  # a partial sum received aside, reduced locally
                 it[2] = (Buf.SCRATCH, scratch_next[t.dst])
                 scratch_next[t.dst] += 1
                 it[3] = None
@@ -249,18 +254,15 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
                                    operand=opnd, key=(pos, k), origin=where, span=(t.send_us, t.arrive_us),
                                    after=tuple(pos_of[a] for a in t.after)))
                 k += 1
-        if t.id in swaps:
-            swapped[t.id] = [(it[0], it[2]) for it in items]
-            partner = swaps[t.id]
-            if partner in swapped:  # both sent: each rank adds what it got
-                for u in (t.id, partner):
-                    r = t.dst if u == t.id else t.src
-                    for c, slot in swapped[u]:
-                        fold(r, c, [slot], pos)
-            continue
         for it in items:
             c = it[0]
-            if (t.id, c) in staged:
+            if (t.id, c) in swaps:
+                swapped[(t.id, c)] = it[2]
+                partner = (swaps[(t.id, c)], c)
+                if partner in swapped:  # both sent: each rank adds what it got
+                    fold(t.dst, c, [it[2]], pos)
+                    fold(t.src, c, [swapped[partner]], pos)
+            elif (t.id, c) in staged:
                 aside = staged[(t.id, c)]
                 aside["slots"].append(it[2])
                 if aside["last"] == t.id:  # every partial is here: fold them into the home, in one pass
