@@ -407,8 +407,7 @@ def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
         operands = [d.span[1] for i in group for d in i.deps if id(d) not in members and d.span is not None]
         if not operands:
             return None
-        could_start = max(operands) + flag_us
-        if any(i.span is None or i.span[1] > could_start for i in between):
+        if not _land_before(between, max(operands) + flag_us):
             return None
         after = max(i.pos for i in between)
         for k, ins in enumerate(sorted(group, key=lambda i: i.pos)):
@@ -431,10 +430,15 @@ def _receiving_block(group: list, step_cap: int, flag_us: float):
     if any(d.tb is not tb for d in receives) or tb.nsteps + len(group) > step_cap:
         return None
     last, first = max(d.pos for d in receives), min(i.pos for i in group)
-    could_start = max(d.span[1] for d in receives) + flag_us
-    if any(i.span is None or i.span[1] > could_start for i in tb.instrs if last < i.pos < first):
+    if not _land_before([i for i in tb.instrs if last < i.pos < first], max(d.span[1] for d in receives) + flag_us):
         return None
     return tb
+
+
+def _land_before(steps: list, could_start: float) -> bool:
+    """Whether the schedule has every one of these steps landed by `could_start`: when a fold could start in
+    a block of its own (its operands' arrival and a flag), so putting it after them in theirs costs nothing."""
+    return all(i.span is not None and i.span[1] <= could_start for i in steps)
 
 
 class OrderFailed(Exception):
