@@ -38,11 +38,14 @@ INSTANCES = [
 # H100 messages. The instance's best synthesized program is the best over its sketch and these, as a batch's
 # selection would pick it.
 COMPANIONS = {
+    "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json"],
+    "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json"],
     "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json"],
     "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
                                            "dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
+    "2x DGX-2 AllToAll": ["dgx2-direct.json"],
 }
 
 REFERENCE_ROUTING_SIZE = {
