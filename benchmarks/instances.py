@@ -41,6 +41,8 @@ COMPANIONS = {
     "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json"],
     "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json"],
     "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json"],
+    "2x DGX-2 AllReduce": ["dgx2-direct.json"],
+    "2x DGX-2 AllReduce hierarchical": ["dgx2-direct.json"],
     "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
                                            "dgx-h100-direct.json", "dgx-h100-rail.json"],
