@@ -300,7 +300,7 @@ def _fanout_bound(topology, size_bytes: float, proto: str, intra: list) -> float
 
 
 def _total(b: dict) -> float:
-    return b["call_us"] + max(b["ingress_us"], b["egress_us"], b["cut_us"], b["latency_us"], b.get("fanout_us", 0.0))
+    return b["call_us"] + max(_bandwidth(b), b["latency_us"], b["fanout_us"])
 
 
 def lower_bound(topology, collective_name: str, size_bytes: float, *, root: int = 0, proto: str | None = None) -> float:

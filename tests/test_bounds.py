@@ -45,15 +45,17 @@ def test_one_node_reductions_merge_once_too():
 
 
 def test_without_a_flag_cost_a_reduction_bound_is_the_alpha_diameter():
-    # an uncalibrated topology has no runtime block: reading another block's data is free in the model
-    t = load_topology("ndv2", 1)
-    t_uncal = load_topology("dgx2", 1)
-    for topo in (t, t_uncal):
-        if topo.spec.sync_us:
-            continue
-        rs = lower_bounds(topo, "reducescatter", 1024, proto="LL")["latency_us"]
-        ag = lower_bounds(topo, "allgather", 1024, proto="LL")["latency_us"]
+    # a topology without a runtime block (no flag cost): reading another block's data is free in the model
+    def latencies(topo):
+        return [lower_bounds(topo, c, 1024, proto="LL")["latency_us"] for c in ("reducescatter", "allgather")]
+
+    for name in ("mi300x", "torus-2x2"):
+        topo = load_topology(name, 1)
+        assert topo.spec.sync_us == 0.0 and topo.num_ranks >= 3
+        rs, ag = latencies(topo)
         assert rs == pytest.approx(ag)
+    rs, ag = latencies(load_topology("dgx-h100", 1))  # with the flag the merge costs more than the diameter
+    assert rs > ag + 0.5
 
 
 def test_the_allreduce_optimum_is_the_provable_bound_at_small_sizes_and_rs_plus_ag_at_large():
