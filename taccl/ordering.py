@@ -106,8 +106,11 @@ def topological_order(preds: dict) -> list:
     return out
 
 
-def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None, fifo_depth: int = 0) -> Schedule:
+def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None, fifo_depth: int = 0,
+                  turns: list | None = None) -> Schedule:
+    """`turns` (per task, optional): a tie-break between the priorities and the task id (`rotation_turns`)."""
     lanes = lanes or {}
+    turns = turns or [0] * len(tasks)
     arrived = {}  # connection -> arrivals of its tasks so far (for the FIFO credits)
     remaining, travelled, succs = _priorities(tasks)
     n = len(tasks)
@@ -121,8 +124,8 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None, 
 
     def key(i):
         if variant == "remaining":
-            return (-remaining[i], travelled[i], i)
-        return (travelled[i], -remaining[i], i)
+            return (-remaining[i], travelled[i], turns[i], i)
+        return (travelled[i], -remaining[i], turns[i], i)
 
     def free_lanes(r):
         f = lane_free.get(r)
@@ -167,8 +170,36 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None, 
     return Schedule(start, finish, order, max(finish, default=0.0), variant, keys)
 
 
-def best_schedule(tasks, lanes: dict | None = None, fifo_depth: int = 0) -> Schedule:
-    """Both tie-breaking variants; the shorter schedule wins (deterministic)."""
-    a = list_schedule(tasks, "remaining", lanes, fifo_depth)
-    b = list_schedule(tasks, "travelled", lanes, fifo_depth)
-    return a if a.makespan_us <= b.makespan_us + 1e-9 else b
+def rotation_turns(tasks, gpus_per_node: int, nodes: int, targets: list | None = None) -> list:
+    """Per task, how far forward (nodes first, then GPUs of a node) its chunk's target lies from its source,
+    then its destination: among tasks equal by priority, the nearest first. Every rank then takes the same
+    turn of the ring (rank r's reductions for node n+1 before those for n+2, its sends to r+1 before r+2),
+    as the topology's rotations map one rank's choices onto another's. `targets`: per chunk, the rank it
+    moves towards (`taccl.phases.chunk_targets`; None: the task's destination). By task id alone, every
+    rank took the lowest-numbered target first: on 16 DGX H100 every node reduced and sent node 0's share
+    first and node 15's last, and node 15 finished a 1 GB AllReduce 2.1 ms after node 0."""
+    g = gpus_per_node
+
+    def ahead(a, b):
+        return ((b // g - a // g) % nodes, (b % g - a % g) % g)
+
+    out = []
+    for t in tasks:
+        target = targets[t.chunk] if targets is not None and targets[t.chunk] is not None else t.dst
+        out.append(ahead(t.src, target) + ahead(t.src, t.dst))
+    return out
+
+
+def best_schedule(tasks, lanes: dict | None = None, fifo_depth: int = 0, turns: list | None = None) -> Schedule:
+    """Both priority variants, each also with `turns` as the tie-break when given; the shortest schedule
+    wins, the earlier on ties (deterministic). Neither tie-break wins everywhere: the turns take 9% off a
+    16-node DGX H100 AllReduce's schedule and add 9% to a 2-node one's."""
+    best = None
+    for tie in (None, turns) if turns is not None else (None,):
+        for variant in ("remaining", "travelled"):
+            s = list_schedule(tasks, variant, lanes, fifo_depth, tie)
+            if tie is not None:
+                s.variant += "+turns"
+            if best is None or s.makespan_us < best.makespan_us - 1e-9:
+                best = s
+    return best

@@ -44,7 +44,7 @@ from .collectives import Collective
 from .errors import UserError
 from .sketch import Sketch, sketch_from_dict
 
-__all__ = ["PhasePlan", "plan_phases", "phase_list", "relocate", "GROUPS", "KINDS", "STANDARD"]
+__all__ = ["PhasePlan", "plan_phases", "chunk_targets", "phase_list", "relocate", "GROUPS", "KINDS", "STANDARD"]
 
 GROUPS = ("node", "rail", "all")
 KINDS = ("allgather", "reducescatter", "allreduce", "alltoall")
@@ -129,15 +129,16 @@ def _toward(groups: str, topology, member_of_group: int, target: int) -> int:
     return target
 
 
-def _targets(coll: Collective) -> list:
-    """Per chunk, the rank the phases move it towards (see the module docstring)."""
+def chunk_targets(coll: Collective) -> list:
+    """Per chunk, the rank the phases move it towards (see the module docstring); None for a chunk that
+    several ranks must end with and that does not start on one (a broadcast's)."""
     if coll.name in ("allgather", "allreduce"):
         dual = coll.dual() if coll.combining else coll
         return [dual.sources(c)[0] for c in range(coll.num_chunks)]
-    out = [None] * coll.num_chunks
+    holders = [[] for _ in range(coll.num_chunks)]
     for c, r in coll.postcondition:
-        out[c] = r
-    return out
+        holders[c].append(r)
+    return [h[0] if len(h) == 1 else None for h in holders]
 
 
 def _phase_collective(coll: Collective, name: str, pre, post, combining: bool, form: str = "") -> Collective:
@@ -173,7 +174,7 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
     if coll.name not in _ALLOWED:
         raise UserError(f"phases can make up allgather, reducescatter, allreduce or alltoall, not {coll.name}",
                         path=sketch.path, where="$.phases")
-    targets = _targets(coll)
+    targets = chunk_targets(coll)
     # holders: chunk -> {rank: Counter of contributions (origin ranks; -1 for a copy)}
     holders = [dict() for _ in range(coll.num_chunks)]
     for c, r in coll.precondition:

@@ -25,8 +25,8 @@ from .bounds import lower_bound, lower_bounds
 from .collectives import Collective, canonical_name, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
-from .ordering import Task, best_schedule
-from .phases import plan_phases, relocate
+from .ordering import Task, best_schedule, rotation_turns
+from .phases import chunk_targets, plan_phases, relocate
 from .problem import Problem, build_problem
 from .program import Proto
 from .progress import SILENT
@@ -217,7 +217,8 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
     folds = _set_sync(tasks, topo.spec, prob.chunk_bytes / prob.instances)
     t0 = time.monotonic()
     depth = Proto(prob.proto).fifo_depth
-    sched = best_schedule(tasks, prob.lanes, depth)
+    turns = rotation_turns(tasks, topo.spec.gpus_per_node, topo.nodes, chunk_targets(coll))
+    sched = best_schedule(tasks, prob.lanes, depth, turns)
     run.stages.append({"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
                        "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us})
     report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")

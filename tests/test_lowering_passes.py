@@ -190,6 +190,11 @@ def test_many_steps_spill_to_channels():
     assert p.nchannels >= 2
     assert max(len(tb.steps) for g in p.gpus for tb in g.threadblocks) <= 64
     assert check_program(p).ok
+    # the chunks' flows alternate between the two channels, so that both blocks of a connection run side by
+    # side (it was 64 steps, then 17)
+    for g in p.gpus:
+        steps = [sum(1 for st in tb.steps if st.type is not StepType.NOP) for tb in g.threadblocks if tb.send >= 0]
+        assert len(steps) == 2 and max(steps) - min(steps) <= 1, (g.id, steps)
 
 
 def test_an_exchange_is_what_makes_a_late_reverse_reduction_right(tmp_path):
@@ -575,7 +580,8 @@ def test_a_named_fusion_policy_that_cannot_apply_is_refused():
 
 def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_limits():
     # 16x DGX H100 ReduceScatter, LL128: reducing each last partial as it lands pins receives to the blocks
-    # that forward the sums, 134 blocks on a rank and 98 steps in one; every partial landing aside fits
+    # that forward the sums; with at most 24 blocks per rank that does not fit, every partial landing aside
+    # does (on all 132 SMs both fit since the ordering takes the ring's turns)
     from pathlib import Path
 
     from taccl.sketch import load_sketch
@@ -585,10 +591,10 @@ def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_l
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), nodes=16, collective="reducescatter",
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL128", instances=1))
     with pytest.raises(UserError, match="runtime's limits"):
-        _lower_policy(algo, max_tbs=132, check=False, direct_lasts=(True,))
-    program = lower(algo, max_tbs=132)
-    assert program.max_threadblocks <= 132 and check_program(program).ok
-    assert program_to_xml(program) == program_to_xml(_lower_policy(algo, max_tbs=132, check=False,
+        _lower_policy(algo, max_tbs=24, check=False, direct_lasts=(True,))
+    program = lower(algo, max_tbs=24)
+    assert program.max_threadblocks <= 24 and check_program(program).ok
+    assert program_to_xml(program) == program_to_xml(_lower_policy(algo, max_tbs=24, check=False,
                                                                    direct_lasts=(False,))[0])
 
 
@@ -685,3 +691,14 @@ def test_packing_a_connection_into_a_block_keeps_the_blocks_other_peer():
         assert st.place(ins, 0)
     assert recv.tb is send.tb and (send.tb.send, send.tb.recv) == (2, 5)
     assert st.owner[(0, 0, "R", 5)] is recv.tb and (0, 0, "R", 9) not in st.owner
+
+
+def test_the_block_limit_is_the_topologys_sm_count():
+    # solve, lower and baseline lower for the GPUs of the algorithm's topology (an H100 has 132 SMs, a V100
+    # 80); without a topology, an A100's 108
+    from taccl.lowering import DEFAULT_MAX_TBS, max_tbs_of
+    from taccl.topology import load_topology
+
+    assert max_tbs_of(load_topology("dgx-h100", 2)) == 132
+    assert max_tbs_of(load_topology("ndv2", 1)) == 80
+    assert max_tbs_of(None) == DEFAULT_MAX_TBS == 108

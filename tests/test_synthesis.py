@@ -136,3 +136,21 @@ def test_reference_profile_costs_scale_with_chunk_size():
     assert link.cost_us(10**6) == pytest.approx(0.3 + 23.0)
     assert link.cost_us(5 * 10**5) == pytest.approx(0.3 + 11.5)
     assert topo.link(0, 9).cost_us(10**6) == pytest.approx(2.6 + 105.0)
+
+
+def test_equal_tasks_take_the_rings_turn():
+    # three single-GPU nodes, each sending one chunk to each other over its NIC (one transfer in and one out
+    # at a time). By task id every rank sends to the lowest-numbered node first, two of them to node 0 at
+    # once: three rounds. Taking turns (rank r to r+1 first) every NIC is busy in both: two rounds.
+    from taccl.ordering import Task, best_schedule, rotation_turns
+
+    tasks = []
+    for src in range(3):
+        for dst in range(3):
+            if dst != src:
+                tasks.append(Task(len(tasks), dst, src, dst, "copy", 0.0, 1.0, (("out", src), ("in", dst)), "ib", True))
+    assert best_schedule(tasks).makespan_us == pytest.approx(3.0)
+    turns = rotation_turns(tasks, gpus_per_node=1, nodes=3)
+    assert turns[0] == (1, 0, 1, 0) and turns[1] == (2, 0, 2, 0)  # rank 0 -> node 1, then node 2
+    best = best_schedule(tasks, turns=turns)
+    assert best.makespan_us == pytest.approx(2.0) and best.variant.endswith("+turns")

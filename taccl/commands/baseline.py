@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..baselines import BASELINES, build
-from ..lowering import DEFAULT_MAX_TBS, write_program
+from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
 from ..topology import load_topology
 from ..xmlio import DIALECTS
 
@@ -19,7 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--chunkup", type=int, default=1, help="chunks per rank (pipelining depth; default 1)")
     p.add_argument("--instances", type=int, default=1, help="split every chunk N ways on N channel sets")
     p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default="Simple")
-    p.add_argument("--max-tbs", type=int, default=DEFAULT_MAX_TBS)
+    p.add_argument("--max-tbs", type=int, default=None,
+                   help=f"thread blocks per rank at most (default: the topology's SM count, else {DEFAULT_MAX_TBS})")
     p.add_argument("--dialect", choices=DIALECTS, default="executor")
     p.add_argument("-o", "--output", required=True, metavar="FILE.xml")
     p.add_argument("--quiet", "-q", action="store_true")
@@ -30,7 +31,7 @@ def run(args) -> int:
     topo = load_topology(args.topology, args.nodes, where="--topology")
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
-                    max_tbs=args.max_tbs)
+                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo))
     write_program(program, args.output, dialect=args.dialect)
     if not args.quiet:
         print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "

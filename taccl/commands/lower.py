@@ -10,7 +10,7 @@ from pathlib import Path
 from ..algorithm import Algorithm
 from ..errors import UserError
 from ..fileio import load_json
-from ..lowering import DEFAULT_MAX_TBS, FUSION_POLICIES, lower, write_program
+from ..lowering import DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
 from ..units import parse_size
 from ..xmlio import DIALECTS
 
@@ -26,8 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("--dialect", choices=DIALECTS, default="executor", help="XML dialect (default executor)")
     p.add_argument("--min-bytes", default="0", help="smallest buffer size the runtime selects this for (default 0)")
     p.add_argument("--max-bytes", default="0", help="largest buffer size, inclusive; 0 = unbounded (default)")
-    p.add_argument("--max-tbs", type=int, default=DEFAULT_MAX_TBS,
-                   help=f"thread blocks per rank at most (SM count; default {DEFAULT_MAX_TBS}, A100)")
+    p.add_argument("--max-tbs", type=int, default=None,
+                   help="thread blocks per rank at most (default: the SM count of the algorithm's topology, "
+                        f"else {DEFAULT_MAX_TBS}, an A100's)")
     p.add_argument("--no-fusion", action="store_true",
                    help="emit plain s/r/rrc steps (no rcs, rrs, rrcs); the same as --fusion none")
     p.add_argument("--fusion", choices=FUSION_POLICIES, default="auto",
@@ -59,7 +60,8 @@ def run(args) -> int:
         topology = None  # its topology file is gone: fuse as the schedule says
     program = lower(algo, instances=args.instances, proto=args.proto,
                     min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
-                    max_bytes=parse_size(args.max_bytes, where="--max-bytes"), max_tbs=args.max_tbs,
+                    max_bytes=parse_size(args.max_bytes, where="--max-bytes"),
+                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology),
                     topology=topology, fusion="none" if args.no_fusion else args.fusion)
     out = Path(args.output) if args.output else default_output(args.algorithm)
     write_program(program, out, dialect=args.dialect)

@@ -93,11 +93,12 @@ def run(args) -> int:
 
 
 def _lower(algo, args, report):
-    from ..lowering import lower, serve_inplace
+    from ..lowering import lower, max_tbs_of, serve_inplace
 
     report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
     # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
-    program = lower(algo, topology=algo.load_topology())
+    topology = algo.load_topology()
+    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology))
     if serve_inplace(program):
         report("the program also serves in-place calls (proven with input and output aliased)")
     return program

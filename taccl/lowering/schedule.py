@@ -211,6 +211,40 @@ class _State:
         return True
 
 
+class _Spread:
+    """A connection with more transfers than one thread block holds needs k = ceil(n / step_cap) blocks,
+    one per channel. Filling them in turn would leave all but one idle at any time (the first 64 steps of a
+    16-node AllReduce's node connections are its ReduceScatter, the next 64 its AllGather: each phase ran
+    on half the blocks, at half their bandwidth). So a flow goes first to the one of its first k channels
+    where its connections have the fewest transfers so far: consecutive transfers of a connection
+    alternate between its blocks and run side by side (and a fused flow, one chunk's whole ring, too)."""
+
+    def __init__(self, live, step_cap):
+        self.count, self.placed = {}, {}  # (rank, send peer) -> its transfers; (.., channel) -> placed so far
+        for ins in live:
+            if ins.send_peer >= 0:
+                key = (ins.rank, ins.send_peer)
+                self.count[key] = self.count.get(key, 0) + 1
+        self.step_cap = step_cap
+
+    @staticmethod
+    def _conns(flow):
+        return [(i.rank, i.send_peer) for i in flow if i.send_peer >= 0]
+
+    def order(self, flow, chans):
+        """`chans` (sorted) in the order to try them for `flow`."""
+        conns = self._conns(flow)
+        k = max(-(-self.count[c] // self.step_cap) for c in conns)
+        if k <= 1 or len(chans) <= 1:
+            return chans
+        load = {ch: max(self.placed.get(c + (ch,), 0) for c in conns) for ch in chans[:k]}
+        return sorted(chans[:k], key=lambda ch: (load[ch], ch)) + chans[k:]
+
+    def place(self, flow, ch):
+        for c in self._conns(flow):
+            self.placed[c + (ch,)] = self.placed.get(c + (ch,), 0) + 1
+
+
 def _connection_spans(live) -> dict:
     """(rank, "S"|"R", peer) -> the (send, arrival) spans of that connection's transfers in the schedule;
     connections without spans (the DSL's) get none."""
@@ -307,6 +341,7 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
             st.hints.setdefault((ins.rank, "S", ins.send_peer, ins.want_ch), ins.recv_peer)
             st.hints.setdefault((ins.rank, "R", ins.recv_peer, ins.want_ch), ins.send_peer)
     pending = _flows(live)
+    spread = _Spread(live, step_cap)
     pending.reverse()  # a stack: pop the smallest key first
     while pending:
         flow = pending.pop()
@@ -320,12 +355,13 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
                 continue
             raise UserError(f"{flow[0].origin or 'a transfer'}: channel(s) {sorted(set().union(*wants))} requested, "
                             f"but channels 0..{max_channels - 1} are available")
-        chans = sorted(allowed)
+        chans = spread.order(flow, sorted(allowed))
         placed = False
         for ch in chans:
             st.log = []
             if all(st.place(ins, ch) for ins in flow):
                 st.log = None
+                spread.place(flow, ch)
                 placed = True
                 break
             st.undo()
