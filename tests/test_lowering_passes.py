@@ -699,6 +699,6 @@ def test_the_block_limit_is_the_topologys_sm_count():
     from taccl.lowering import DEFAULT_MAX_TBS, max_tbs_of
     from taccl.topology import load_topology
 
-    assert max_tbs_of(load_topology("dgx-h100", 2)) == 132
-    assert max_tbs_of(load_topology("ndv2", 1)) == 80
+    assert max_tbs_of(load_topology("dgx-h100", 2).spec) == 132
+    assert max_tbs_of(load_topology("ndv2", 1).spec) == 80
     assert max_tbs_of(None) == DEFAULT_MAX_TBS == 108

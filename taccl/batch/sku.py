@@ -32,6 +32,7 @@ from ..baselines import BASELINES
 from ..collectives import NAMES, canonical_name
 from ..errors import UserError
 from ..fileio import json_path, load_json, load_schema
+from ..lowering import max_tbs_of
 from ..sketch import sketch_from_dict
 from ..synthesize import DEFAULT_STALL_S
 from ..topology import TopologySpec, load_spec
@@ -256,7 +257,7 @@ def load_sku(path) -> Sku:
                threads=int(doc.get("threads", 1)), seed=int(doc.get("seed", 0)),
                # three MILP stages, plus lowering, checking and simulation
                job_timeout_s=float(doc.get("job_timeout_s", 4 * time_limit + 300)),
-               max_tbs=int(doc.get("max_tbs", spec.sm_count or 108)), baseline_names=bnames,
+               max_tbs=int(doc.get("max_tbs", max_tbs_of(spec))), baseline_names=bnames,
                baseline_protocols=tuple(bdoc.get("protocol", DEFAULT_PROTOCOLS)),
                baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml",
                merge_tolerance=float(doc.get("merge_tolerance", 0.0)))

@@ -31,7 +31,7 @@ def run(args) -> int:
     topo = load_topology(args.topology, args.nodes, where="--topology")
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
-                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo))
+                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec))
     write_program(program, args.output, dialect=args.dialect)
     if not args.quiet:
         print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "

@@ -61,7 +61,7 @@ def run(args) -> int:
     program = lower(algo, instances=args.instances, proto=args.proto,
                     min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
                     max_bytes=parse_size(args.max_bytes, where="--max-bytes"),
-                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology),
+                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
                     topology=topology, fusion="none" if args.no_fusion else args.fusion)
     out = Path(args.output) if args.output else default_output(args.algorithm)
     write_program(program, out, dialect=args.dialect)

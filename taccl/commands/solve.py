@@ -98,7 +98,7 @@ def _lower(algo, args, report):
     report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
     # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
     topology = algo.load_topology()
-    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology))
+    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology.spec))
     if serve_inplace(program):
         report("the program also serves in-place calls (proven with input and output aliased)")
     return program

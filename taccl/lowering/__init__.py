@@ -44,9 +44,9 @@ DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
 DEFAULT_MAX_STEPS = 64  # MSCCL_MAX_NUM_STEPS of a default executor build
 
 
-def max_tbs_of(topology) -> int:
-    """The most thread blocks a rank may have on `topology` (its GPUs' SMs; None or unknown: an A100's)."""
-    sm = topology.spec.sm_count if topology is not None else None
+def max_tbs_of(spec) -> int:
+    """The most thread blocks a rank may have on a `TopologySpec` (its GPUs' SMs; None or unknown: an A100's)."""
+    sm = spec.sm_count if spec is not None else None
     return sm or DEFAULT_MAX_TBS
 
 
