@@ -34,7 +34,7 @@ from taccl.baselines import BASELINES, applicable, build  # noqa: E402
 from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, target_shortfall  # noqa: E402
 from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
-from taccl.lowering import lower  # noqa: E402
+from taccl.lowering import lower, max_tbs_of  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
 from taccl.topology import PROTOCOLS  # noqa: E402
 from taccl.units import format_size, parse_size, parse_size_range  # noqa: E402
@@ -46,7 +46,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
 
     sk = load_sketch(SKETCHES / sketch)
     topo, collective, own_size = resolve(sk, nodes=nodes, collective=coll, input_size=size)
-    max_tbs = topo.spec.sm_count or 108
+    max_tbs = max_tbs_of(topo.spec)
     sizes = parse_size_range(args.sizes)
     t0 = time.monotonic()
     syn, base, notes = {}, {}, []

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instances import INSTANCES, REFERENCE_ROUTING_SIZE, SKETCHES  # noqa: E402
 
 from taccl.errors import TacclError  # noqa: E402
-from taccl.lowering import lower  # noqa: E402
+from taccl.lowering import lower, max_tbs_of  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
 from taccl.sketch import load_sketch  # noqa: E402
 from taccl.synthesize import SynthesisOptions, resolve, synthesize  # noqa: E402
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         if not args.no_sim:
             topo = resolve(sk, nodes=nodes, collective=coll, input_size=size)[0]
             try:  # the written program, simulated at the size it was synthesized for
-                sim_us = Simulator(lower(algo, max_tbs=topo.spec.sm_count or 108, topology=topo), topo).run(algo.input_size_bytes).time_us
+                sim_us = Simulator(lower(algo, max_tbs=max_tbs_of(topo.spec), topology=topo), topo).run(algo.input_size_bytes).time_us
                 sim = f"{sim_us:.2f}"
             except TacclError as exc:
                 sim = f"({str(exc).splitlines()[0][:40]})"
