@@ -154,3 +154,41 @@ def test_equal_tasks_take_the_rings_turn():
     assert turns[0] == (1, 0, 1, 0) and turns[1] == (2, 0, 2, 0)  # rank 0 -> node 1, then node 2
     best = best_schedule(tasks, turns=turns)
     assert best.makespan_us == pytest.approx(2.0) and best.variant.endswith("+turns")
+
+
+def test_ordering_network_sends_is_cheap_with_instances():
+    from taccl.synthesize import _order_is_cheap
+
+    sync = 1.75
+    assert _order_is_cheap(14.0, sync, 1)  # long enough to cover a flag on its own
+    assert not _order_is_cheap(10.5, sync, 1)  # one channel: every send would wait a flag
+    assert _order_is_cheap(10.5, sync, 4)  # the three other channels' quarters (7.9 us) cover it
+    assert not _order_is_cheap(2.0, sync, 4)  # 1.5 us of other channels' sends do not
+
+
+def test_network_sends_keep_their_scheduled_order_with_instances():
+    # 4x DGX H100, hierarchical AllGather at 8 MiB: each GPU's NIC sends its 256 KiB (5.2 us) to three nodes.
+    # With four instances the lowering sequences those sends as scheduled (each channel's send waits for
+    # the previous one, a flag that the other channels' sends cover); left to the blocks, they take the NIC
+    # in whatever order they reach it, and the node phase waits for chunks that went out late.
+    from dataclasses import replace
+
+    from taccl.lowering import lower
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+
+    sketch = load_sketch(Path(__file__).resolve().parent.parent / "sketches" / "dgx-h100-hier.json")
+
+    def run(instances):
+        return synthesize(sketch, nodes=4, collective="allgather", input_size="8M",
+                          options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=instances))
+
+    assert not any(t.after for t in run(1).transfers)  # one channel: 5.2 us sends do not cover a flag
+    algo = run(4)
+    net = [t for t in algo.transfers if t.link == "ib"]
+    assert len(net) == 32 * 3 and sum(1 for t in net if t.after) == 32 * 2  # all but each GPU's first
+    topo = algo.load_topology()
+    ordered = Simulator(lower(algo, max_tbs=132), topo).run(algo.input_size_bytes).time_us
+    free = replace(algo, transfers=[replace(t, after=()) for t in algo.transfers])
+    unordered = Simulator(lower(free, max_tbs=132), topo).run(algo.input_size_bytes).time_us
+    assert ordered <= algo.time_us < unordered
