@@ -39,7 +39,7 @@ from .collectives import canonical_name
 from .dsl import DSLProgram
 from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS
-from .program import Program
+from .program import MAX_NODES, Program
 
 __all__ = ["BASELINES", "build", "build_dsl", "applicable", "ring_order", "node_cycle"]
 
@@ -392,19 +392,22 @@ def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) ->
 
 
 # NCCL's own rings and trees loop over their steps: no per-block step limit. A baseline that stands for
-# NCCL's algorithm (a reference to beat, `build(..., reference=True)`) is lowered without the executor's
-# MSCCL_MAX_NUM_STEPS of 64, so that, say, a 128-rank ring keeps NCCL's 32 channels; such a program runs on
-# a runtime built with that many steps, or stands for NCCL itself.
-REFERENCE_MAX_STEPS = 1024
+# NCCL's algorithm (a reference to beat, `build(..., reference=True)`) is lowered for a runtime built with
+# 16x the executor's MSCCL_MAX_NUM_STEPS (64) and MAX_NODES (4096), so that, say, a 128-rank ring keeps
+# NCCL's 32 channels; such a program runs on a runtime built that large, or stands for NCCL itself.
+REFERENCE_MAX_STEPS = 16 * DEFAULT_MAX_STEPS
+REFERENCE_MAX_NODES = 16 * MAX_NODES
 
 
 def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instances: int = 1,
           proto: str = "Simple", max_tbs: int = 108, reference: bool = False) -> Program:
-    """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limit
-    of 64 steps per thread block (see `REFERENCE_MAX_STEPS`)."""
+    """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limits
+    of 64 steps per thread block and 4096 XML nodes per rank (see `REFERENCE_MAX_STEPS`)."""
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup)
-    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs,
-                      max_steps=REFERENCE_MAX_STEPS if reference else DEFAULT_MAX_STEPS)
+    if reference:
+        return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs, max_steps=REFERENCE_MAX_STEPS,
+                          max_nodes=REFERENCE_MAX_NODES)
+    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
 
 
 def applicable(name: str, topology, collective_name: str) -> bool:

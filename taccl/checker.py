@@ -55,7 +55,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .errors import CheckFailed
-from .program import Buf, Program, Proto, StepType
+from .program import MAX_NODES, Buf, Program, Proto, StepType
 
 __all__ = [
     "Finding",
@@ -331,7 +331,8 @@ class _Ctx:
 # 1. Rules
 
 
-def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count: int, coll: str) -> None:
+def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count: int, coll: str,
+                 max_nodes: int) -> None:
     p = ctx.p
     add = ctx.add
     try:
@@ -399,9 +400,9 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
             add(WARNING, "limit.coresidency", f"{ntb} thread blocks: more than {sm_count} SMs cannot keep them all "
                                               f"resident, and they spin-wait on each other", rank=r, line=g.line)
         nodes = 1 + len(p.gpus) + ntb + sum(len(tb.steps) for tb in g.threadblocks)
-        if nodes > 4096:
+        if nodes > max_nodes:
             add(ERROR, "limit.nodes", f"rank {r} stores {nodes} XML nodes (algo + gpus + its tbs and steps), "
-                                      f"more than MAX_NODES=4096", rank=r, line=g.line)
+                                      f"more than MAX_NODES={max_nodes}", rank=r, line=g.line)
         if ntb > 1024:
             add(ERROR, "limit.nodes", f"{ntb} <tb> children, more than 1024", rank=r, line=g.line)
         ids = sorted(tb.id for tb in g.threadblocks)
@@ -1193,8 +1194,9 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
 
 
 def check_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None,
-                  max_threadblocks: int | None = None, sm_count: int = 132, root: int | None = None,
-                  tiles: int = 1, rendezvous: bool = True, max_findings_per_rule: int = 20) -> CheckReport:
+                  max_threadblocks: int | None = None, max_nodes: int = MAX_NODES, sm_count: int = 132,
+                  root: int | None = None, tiles: int = 1, rendezvous: bool = True,
+                  max_findings_per_rule: int = 20) -> CheckReport:
     """Check every rule, deadlock and race freedom, and the declared collective's postcondition.
 
     Parameters
@@ -1203,6 +1205,7 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
     dialect : ``executor`` (limits of a default executor build: 64 steps per tb, 1024 tbs per rank) or
         ``legacy`` (256 steps, 216 tbs).
     max_steps, max_threadblocks : override the dialect's limits (a custom ``MSCCL_MAX_NUM_STEPS`` build).
+    max_nodes : the parser's limit on the XML nodes one rank stores (``MAX_NODES``; a custom build).
     sm_count : thread blocks per rank above this get a co-residency warning (132: H100).
     root : root rank of broadcast/reduce/gather/scatter when the program does not name one (default 0).
     tiles : tile iterations to replay in the deadlock search (the runtime replays the program per tile).
@@ -1221,7 +1224,7 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
     report = CheckReport(collective=coll)
     if coll in ("broadcast", "reduce", "gather", "scatter") and not 0 <= root < max(program.ngpus, 1):
         ctx.add(ERROR, "algo.ranks", f"root {root} is not a rank", fatal=True)
-    _check_rules(ctx, dialect, max_steps, max_threadblocks, sm_count, coll)
+    _check_rules(ctx, dialect, max_steps, max_threadblocks, sm_count, coll, max_nodes)
     report.stats = {"ranks": len(program.gpus), "threadblocks": sum(len(g.threadblocks) for g in program.gpus),
                     "steps": program.nsteps}
     ix = None

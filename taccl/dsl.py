@@ -36,7 +36,7 @@ from .collectives import Collective, make_collective
 from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS, LoweringOptions, lower_ops
 from .lowering.ops import COPY, REDUCE, ChunkOp
-from .program import Buf, Program
+from .program import MAX_NODES, Buf, Program
 
 __all__ = ["DSLProgram", "Ref"]
 
@@ -173,11 +173,11 @@ class DSLProgram:
 
     def lower(self, *, instances: int = 1, proto: str = "Simple", min_bytes: int = 0, max_bytes: int = 0,
               max_tbs: int = 108, fuse: bool = True, check: bool = True,
-              max_steps: int = DEFAULT_MAX_STEPS) -> Program:
+              max_steps: int = DEFAULT_MAX_STEPS, max_nodes: int = MAX_NODES) -> Program:
         """Lower through `taccl.lowering` and prove with the checker (steps per thread block up to
-        `max_steps`: the executor's default build allows 64)."""
+        `max_steps`, XML nodes per rank up to `max_nodes`: the executor's default build allows 64 and 4096)."""
         if not self._ops:
             raise UserError(f"DSL program {self.name!r} has no operations")
         opts = LoweringOptions(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
-                               max_tbs=max_tbs, fuse=fuse, check=check, max_steps=max_steps)
+                               max_tbs=max_tbs, fuse=fuse, check=check, max_steps=max_steps, max_nodes=max_nodes)
         return lower_ops(self.chunk_ops(), self.coll, name=self.name, options=opts)

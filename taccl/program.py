@@ -156,6 +156,8 @@ _REDUCING = frozenset(
     {StepType.RECV_REDUCE_SEND, StepType.RECV_REDUCE_COPY, StepType.RECV_REDUCE_COPY_SEND, StepType.REDUCE}
 )
 
+MAX_NODES = 4096  # XML nodes one rank's parser stores, in the executor, RCCL and runtime/ alike
+
 # Canonical collective names (executor spelling). The legacy dialect writes reducescatter as reduce_scatter.
 COLLECTIVES = (
     "allgather",
@@ -307,3 +309,10 @@ class Program:
     def max_steps(self) -> int:
         """The most steps (nops included) any thread block has: MSCCL_MAX_NUM_STEPS must allow it."""
         return max((len(tb.steps) for g in self.gpus for tb in g.threadblocks), default=0)
+
+    @property
+    def max_nodes(self) -> int:
+        """The most XML nodes a rank's parser stores (the algo, every gpu, its own tbs and steps): the runtimes'
+        MAX_NODES (`MAX_NODES`) must allow it."""
+        return max((1 + len(self.gpus) + len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks)
+                    for g in self.gpus), default=0)

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from taccl.baselines import BASELINES, applicable, build, node_cycle, ring_order
+from taccl.baselines import (BASELINES, REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, applicable, build, node_cycle,
+                             ring_order)
 from taccl.checker import check_program
 from taccl.cli import main
 from taccl.errors import UserError
+from taccl.lowering import DEFAULT_MAX_STEPS
+from taccl.program import MAX_NODES
 from taccl.simulator import simulate
 from taccl.topology import load_topology
-from taccl.xmlio import read_program
+from taccl.xmlio import read_program, write_program
 
 TOPOS = [("ndv2", 1), ("ndv2", 2), ("dgx2", 1), ("dgx2", 2), ("torus-2x3", 1), ("torus-3x3", 1), ("dgx-a100", 3)]
 CASES = [(t, n, b, c) for t, n in TOPOS for b, colls in BASELINES.items() for c in colls]
@@ -34,6 +37,17 @@ def test_baseline_instances_and_chunkup(name, coll):
     p = build(name, t, coll, chunkup=2, instances=2)
     assert check_program(p).ok
     assert p.nchunksperloop == 2 * 2 * (t.num_ranks if coll != "allgather" else t.num_ranks)
+
+
+def test_a_reference_ring_keeps_nccls_channels_past_the_executor_limits(tmp_path):
+    # 64 ranks, 4 instances of 8 rings: 32 channels, 127 steps per block and 4161 XML nodes per rank
+    t = load_topology("dgx-h100", 8)
+    p = build("ring", t, "allreduce", instances=4, max_tbs=132, reference=True)
+    assert p.nchannels == 32 and p.max_steps > DEFAULT_MAX_STEPS and p.max_nodes > MAX_NODES
+    assert check_program(p, rendezvous=False).rules("error") == {"limit.steps", "limit.nodes"}
+    write_program(p, tmp_path / "ring.xml")  # a runtime built with larger limits loads it
+    assert main(["check", str(tmp_path / "ring.xml"), "-q", "--no-rendezvous", "--max-steps",
+                 str(REFERENCE_MAX_STEPS), "--max-nodes", str(REFERENCE_MAX_NODES)]) == 0
 
 
 def test_ring_follows_links():

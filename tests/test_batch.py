@@ -230,6 +230,20 @@ def test_failed_synthesis_falls_back_to_the_best_baseline(tmp_path, monkeypatch)
     assert all(r["kind"] == "baseline" and r["file"] != "-" for r in rows(out))
 
 
+def test_a_winning_baseline_larger_than_the_executor_loads_is_left_to_nccl(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise UserError("the solver found no routing (test)")
+
+    monkeypatch.setattr("taccl.synthesize.synthesize", broken)
+    monkeypatch.setattr("taccl.program.MAX_NODES", 10)  # what the selection holds the written programs to
+    out = tmp_path / "out"
+    sel = run_batch(sku_file(tmp_path), out, workers=2).selection
+    windows = [w for g in sel.groups for w in g.windows]
+    assert windows and all(w.kind == "baseline" and not w.file for w in windows)
+    assert all("left to NCCL" in w.note and "XML nodes > 10" in w.note for w in windows)
+    assert all(r["file"] == "-" for r in rows(out)) and not list((out / "msccl-algorithms").glob("*.xml"))
+
+
 def test_a_job_over_its_timeout_is_stopped_and_retried_when_the_limit_grows(tmp_path, monkeypatch):
     def slow(*args, **kwargs):
         time.sleep(120)

@@ -193,6 +193,8 @@ def test_node_and_channel_limits():
         g.threadblocks.append(Threadblock(id=k, steps=[st(i, CPY, I, 0, Buf.SCRATCH, 0) for i in range(60)]))
     rep = check_program(p, rendezvous=False)
     assert "MAX_NODES=4096" in assert_only(rep, "limit.nodes").message
+    # a runtime built with a larger MAX_NODES loads it
+    assert "limit.nodes" not in check_program(p, rendezvous=False, max_nodes=5000).rules("error")
     p = ring_allgather(n=2)
     p.ngpus = 35
     p.gpus[0].threadblocks = [Threadblock(id=k, send=k + 1, chan=0) for k in range(33)]

@@ -197,6 +197,22 @@ def test_many_steps_spill_to_channels():
         assert len(steps) == 2 and max(steps) - min(steps) <= 1, (g.id, steps)
 
 
+def test_a_node_limit_no_step_cap_can_mend_ends_the_search_at_once(monkeypatch):
+    import taccl.lowering as lowering
+
+    builds = []
+    real = lowering._build
+    monkeypatch.setattr(lowering, "_build", lambda *a, **k: builds.append(1) or real(*a, **k))
+    ops = lowering.algorithm_ops(ring_algorithm("allgather", 8), make_collective("allgather", 8))
+    with pytest.raises(UserError, match="XML nodes > 12"):
+        lowering.lower_ops(ops, make_collective("allgather", 8), name="ring",
+                           options=lowering.LoweringOptions(max_nodes=12))
+    assert len(builds) == 1  # a smaller step cap or less fusion only adds blocks or steps
+    p = lowering.lower_ops(ops, make_collective("allgather", 8), name="ring",
+                           options=lowering.LoweringOptions(max_nodes=10 ** 4))
+    assert p.max_nodes == 1 + 8 + sum(1 + len(tb.steps) for tb in p.gpus[0].threadblocks)
+
+
 def test_an_exchange_is_what_makes_a_late_reverse_reduction_right(tmp_path):
     algo = allreduce_exchange_late()
     verify(algo, algo.make_collective())

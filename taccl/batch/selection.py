@@ -300,6 +300,8 @@ def _file_name(w: Window) -> str:
 
 def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
     from ..lowering import DEFAULT_MAX_STEPS, serve_inplace, write_program
+    from ..lowering.emit import check_limits
+    from ..program import MAX_NODES
     from ..xmlio import parse_xml
 
     outdir = Path(outdir)
@@ -315,11 +317,12 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
                 continue
             record = store.get(by_label[w.winner].key)
             program = parse_xml(record["xml"]).program
-            if w.kind == "baseline" and program.max_steps > DEFAULT_MAX_STEPS:
-                # NCCL's own ring: as a program it needs more steps per thread block than the executor runs
+            # NCCL's own ring may be larger, as a program, than an executor of the default build loads
+            too_big = w.kind == "baseline" and check_limits(program, max_tbs=program.max_threadblocks,
+                                                            max_steps=DEFAULT_MAX_STEPS, max_nodes=MAX_NODES)
+            if too_big:
                 w.note = (w.note + "; " if w.note else "") + (
-                    f"left to NCCL: as a program it needs {program.max_steps} steps per thread block, more than "
-                    f"the executor's {DEFAULT_MAX_STEPS}")
+                    f"left to NCCL: as a program it exceeds the executor's limits ({'; '.join(too_big)})")
                 continue
             program.min_bytes, program.max_bytes = w.min_bytes, w.max_bytes
             program.name = f"{selection.sku} {w.winner}"[:255]

@@ -9,6 +9,7 @@ import sys
 
 from ..checker import check_program
 from ..errors import UserError
+from ..program import MAX_NODES
 from ..xmlio import DIALECTS, read_xml
 
 
@@ -21,6 +22,8 @@ def register(subparsers) -> None:
                    help="read and check for this runtime (default: detect; 'outofplace' present = executor)")
     p.add_argument("--max-steps", type=int, default=None, help="steps per tb allowed (default: 64 executor, "
                                                                 "256 legacy)")
+    p.add_argument("--max-nodes", type=int, default=MAX_NODES,
+                   help=f"XML nodes one rank's parser may store (default {MAX_NODES}, MAX_NODES of every runtime)")
     p.add_argument("--root", type=int, default=None, help="root rank for broadcast/reduce/gather/scatter "
                                                           "when the file names none (default 0)")
     p.add_argument("--tiles", type=int, default=1, help="tile iterations replayed in the deadlock search")
@@ -29,11 +32,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def check_file(path: str, *, dialect=None, max_steps=None, root=None, tiles=1, rendezvous=True):
+def check_file(path: str, *, dialect=None, max_steps=None, max_nodes=MAX_NODES, root=None, tiles=1,
+               rendezvous=True):
     """Read and check one file: (ParseResult, CheckReport). Raises UserError when unreadable."""
     parsed = read_xml(path, dialect=dialect)
-    report = check_program(parsed.program, dialect=parsed.dialect, max_steps=max_steps, root=root, tiles=tiles,
-                           rendezvous=rendezvous)
+    report = check_program(parsed.program, dialect=parsed.dialect, max_steps=max_steps, max_nodes=max_nodes,
+                           root=root, tiles=tiles, rendezvous=rendezvous)
     return parsed, report
 
 
@@ -42,8 +46,9 @@ def run(args) -> int:
     docs = []
     for path in args.files:
         try:
-            parsed, report = check_file(path, dialect=args.dialect, max_steps=args.max_steps, root=args.root,
-                                        tiles=args.tiles, rendezvous=not args.no_rendezvous)
+            parsed, report = check_file(path, dialect=args.dialect, max_steps=args.max_steps,
+                                        max_nodes=args.max_nodes, root=args.root, tiles=args.tiles,
+                                        rendezvous=not args.no_rendezvous)
         except UserError as exc:
             if len(args.files) == 1 and not args.json:
                 raise

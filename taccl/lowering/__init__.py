@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import CheckFailed, UserError
-from ..program import Program, Proto
+from ..program import MAX_NODES, Program, Proto
 from .buffers import algorithm_ops
 from .emit import MAX_DEPID, check_limits, compact_scratch, emit
 from .fusion import fuse
@@ -58,6 +58,7 @@ class LoweringOptions:
     max_bytes: int = 0
     max_tbs: int = DEFAULT_MAX_TBS
     max_steps: int = DEFAULT_MAX_STEPS
+    max_nodes: int = MAX_NODES  # XML nodes a rank's parser stores (a custom runtime build may allow more)
     fuse: bool = True
     keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
     network_fan_out: int = 0  # GPUs per node: fuse a fan-out's first send that leaves the node (0: never)
@@ -279,7 +280,7 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
             continue
         if program is None:
             continue  # the blocks cannot be ordered under this step cap
-        problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps)
+        problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps, max_nodes=opts.max_nodes)
         if problems:
             last_problems = problems
             if len(problems) == 1 and "thread blocks" in problems[0]:
@@ -298,7 +299,8 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                 continue  # nops pushed a block over the limit: retry with a lower cap per block
             break
         if opts.check:
-            report = verify_program(program, max_steps=opts.max_steps if opts.max_steps != DEFAULT_MAX_STEPS else None)
+            report = verify_program(program, max_steps=opts.max_steps if opts.max_steps != DEFAULT_MAX_STEPS else None,
+                                    max_nodes=opts.max_nodes)
             if not report.ok:
                 if mode is not None:
                     continue
@@ -384,13 +386,14 @@ def _fingerprint(program: Program) -> str:
     return hashlib.sha256(program_to_xml(program, dialect="executor").encode()).hexdigest()
 
 
-def verify_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None):
+def verify_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None,
+                   max_nodes: int = MAX_NODES):
     """Run the checker; remember the program's content when it is proven (with the dialect's own limits)."""
     from ..checker import check_program
 
     report = check_program(program, dialect=dialect, sm_count=max(DEFAULT_MAX_TBS, program.max_threadblocks),
-                           max_steps=max_steps)
-    if report.ok and dialect == "executor" and max_steps is None:
+                           max_steps=max_steps, max_nodes=max_nodes)
+    if report.ok and dialect == "executor" and max_steps is None and max_nodes == MAX_NODES:
         _PROVEN[_fingerprint(program)] = True
         if len(_PROVEN) > 4096:
             _PROVEN.clear()

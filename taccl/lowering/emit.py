@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..program import Buf, Gpu, Program, Proto, Step, StepType, Threadblock, nop_step
+from ..program import MAX_NODES, Buf, Gpu, Program, Proto, Step, StepType, Threadblock, nop_step
 
 from .schedule import OrderFailed
 
@@ -225,7 +225,7 @@ def _renumber_targets(tbs) -> None:
     tbs.sort(key=lambda tb: tb.id)
 
 
-def check_limits(program: Program, *, max_tbs: int, max_steps: int) -> list:
+def check_limits(program: Program, *, max_tbs: int, max_steps: int, max_nodes: int = MAX_NODES) -> list:
     """Runtime limits a lowered program must respect; returns the violated ones as messages."""
     problems = []
     if program.nchannels > 32:
@@ -238,6 +238,8 @@ def check_limits(program: Program, *, max_tbs: int, max_steps: int) -> list:
     worst = max(((len(tb.steps), g.id, tb.id) for g in program.gpus for tb in g.threadblocks), default=(0, 0, 0))
     if worst[0] > max_steps:
         problems.append(f"rank {worst[1]} tb {worst[2]} has {worst[0]} steps > {max_steps} (MSCCL_MAX_NUM_STEPS)")
+    if program.max_nodes > max_nodes:
+        problems.append(f"a rank stores {program.max_nodes} XML nodes > {max_nodes} (the parser's MAX_NODES)")
     big = max((max(st.srcoff, st.dstoff) for g in program.gpus for tb in g.threadblocks for st in tb.steps),
               default=0)
     if big > MAX_OFFSET:
