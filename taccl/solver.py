@@ -35,6 +35,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -525,11 +526,29 @@ class _HighsBackend(MilpBackend):
     INSTALL_HINT = "install it with `pip install highspy` (it is a dependency of taccl)"
     HAS_PROGRESS = True
 
+    @staticmethod
+    def _new():
+        """A `highspy.Highs` that has printed nothing: its constructor writes HiGHS's banner to the process's
+        stdout (C level, before any option can turn output off), which would corrupt `--json` output."""
+        import highspy
+
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        return h
+
     @classmethod
     def version(cls) -> Optional[str]:
         import highspy
 
-        h = highspy.Highs()
+        h = cls._new()
         try:
             return f"{h.versionMajor()}.{h.versionMinor()}.{h.versionPatch()}"
         except AttributeError:  # pragma: no cover - very old highspy
@@ -540,7 +559,7 @@ class _HighsBackend(MilpBackend):
         import highspy
 
         a = model._arrays("csc")
-        h = highspy.Highs()
+        h = _HighsBackend._new()
         for key, value in (
             ("output_flag", bool(options.verbose)),
             ("threads", int(options.threads)),

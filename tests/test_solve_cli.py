@@ -1,5 +1,7 @@
 """`taccl solve` end to end, every shipped sketch and topology, and every bad input's message."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,14 @@ def test_solve_writes_algorithm_with_stage_statistics(tmp_path, capsys):
         assert key in stages["routing"]
     t = doc["transfers"][0]
     assert {"chunks", "src", "dst", "send_us", "arrive_us", "op", "deps"} <= set(t)
+
+
+def test_json_on_stdout_is_all_that_a_fresh_process_prints_there(tmp_path):
+    # highspy's constructor prints HiGHS's banner on the process's stdout, once per process (so only a
+    # fresh process shows it): it preceded the JSON
+    out = subprocess.run([sys.executable, "-m", "taccl.cli", "solve", str(ROOT / "sketches" / "ndv2-sk-1.json"),
+                          "--no-xml", "--json", "-o", str(tmp_path)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["name"] == "ndv2-sk-1"
 
 
 def write(tmp_path, doc, name="bad.json"):
