@@ -6,7 +6,8 @@ the published time, the prediction, their ratio, and whether it is within the 25
 
 - NCCL rows (nccl-tests, NCCL's own choice of algorithm and protocol): the prediction is the faster of the
   `ring` and (AllReduce) `double-binary-tree` baselines, each in its best protocol, with as many channels as
-  NCCL gives that call (`nccl_channels`: 32 were allowed, NCCL uses fewer for small messages). AllReduce
+  NCCL gives that call, a ring or a tree per channel (`nccl_channels`: 32 were allowed, NCCL uses fewer for
+  small messages). AllReduce
   rows above NCCL's NVLS crossover are printed but excluded: NCCL runs NVLink SHARP there (in-switch
   reduction), which no MSCCL XML program can express.
 - MSCCL rows (the MSCCL executor running Azure's published XML set for the machine): the prediction is the
@@ -32,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from taccl.baselines import build  # noqa: E402
+from taccl.baselines import build, build_on_channels  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
 from taccl.topology import PROTOCOLS, Topology, load_spec, spec_from_dict  # noqa: E402
 from taccl.units import format_size  # noqa: E402
@@ -95,7 +96,8 @@ class Row:
     collective: str
     size: int
     published_us: float
-    programs: list  # (label, baseline, collective, proto, instances): the prediction is the fastest
+    programs: list  # (label, baseline, collective, proto, n): the prediction is the fastest; n is NCCL's channel
+    # count for the nccl rows (a ring or tree per channel), the program's instances for the msccl ones
     excluded: str = ""
 
 
@@ -119,7 +121,7 @@ def load_rows(data_dir: Path, only: str | None) -> list:
                     for b in names:
                         for p in PROTOCOLS:
                             nc = nccl_channels("ring" if b == "ring" else "tree", p, ranks, size)
-                            row.programs.append((f"{b}/{p}.i{nc}", b, coll, p, nc))
+                            row.programs.append((f"{b}/{p}.{nc}ch", b, coll, p, nc))
                     limit = NVLS_ABOVE.get(topo)
                     if coll == "allreduce" and limit is not None and size > limit:
                         row.excluded = "NVLS"
@@ -139,10 +141,14 @@ class Predictor:
         self.programs = {}
         for row in rows:
             topo = Topology(load_spec(row.topology), row.nodes)
-            for _, b, coll, p, inst in row.programs:
-                key = (row.topology, row.nodes, b, coll, p, inst)
-                if key not in self.programs:
-                    self.programs[key] = build(b, topo, coll, instances=inst, proto=p, max_tbs=132)
+            for _, b, coll, p, n in row.programs:
+                key = (row.kind, row.topology, row.nodes, b, coll, p, n)
+                if key in self.programs:
+                    continue
+                if row.kind == "nccl":
+                    self.programs[key] = build_on_channels(b, topo, coll, n, proto=p, max_tbs=132)
+                else:
+                    self.programs[key] = build(b, topo, coll, instances=n, proto=p, max_tbs=132)
         self._sims = {}
         self._docs = None
 
@@ -154,8 +160,8 @@ class Predictor:
         out = []
         for row in self.rows:
             best = None
-            for label, b, coll, p, inst in row.programs:
-                key = (row.topology, row.nodes, b, coll, p, inst)
+            for label, b, coll, p, n in row.programs:
+                key = (row.kind, row.topology, row.nodes, b, coll, p, n)
                 sim = sims.get(key)
                 if sim is None:
                     topo = Topology(spec_from_dict(docs[row.topology]), row.nodes)

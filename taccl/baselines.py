@@ -12,7 +12,10 @@ ring                   allgather, reducescatter, allreduce     NCCL-style rings 
                                                                channel (as NCCL's rings use every NIC)
 double-binary-tree     allreduce                               NCCL-style: a chain inside each node, two
                                                                binary trees over the nodes (mirrored), each
-                                                               tree reducing then broadcasting half the data
+                                                               tree reducing then broadcasting its share of
+                                                               the data; on several nodes one pair per NIC
+                                                               (chains opened at the NIC's GPU), each tree
+                                                               on its own channel
 direct                 alltoall, allgather, reducescatter,     every rank sends straight to every other (the
                        allreduce                               MSCCL "allpairs" programs): ReduceScatter into
                                                                the owner's scratch and one local reduction,
@@ -38,10 +41,10 @@ from __future__ import annotations
 from .collectives import canonical_name
 from .dsl import DSLProgram
 from .errors import UserError
-from .lowering import DEFAULT_MAX_STEPS
+from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
 from .program import MAX_NODES, Program
 
-__all__ = ["BASELINES", "build", "build_dsl", "applicable", "ring_order", "node_cycle"]
+__all__ = ["BASELINES", "build", "build_dsl", "build_on_channels", "applicable", "ring_order", "node_cycle"]
 
 BASELINES = {
     "ring": ("allgather", "reducescatter", "allreduce"),
@@ -107,21 +110,27 @@ def ring_orders(topology) -> list:
     together they drive every NIC in both directions.
     """
     cyc = node_cycle(topology)
+    N = topology.nodes
+    return [[topology.rank(n, l) for n in range(N) for l in cyc[j:] + cyc[:j]] for j in rail_starts(topology, cyc)]
+
+
+def rail_starts(topology, cyc: list) -> list:
+    """Where to open a node's cycle `cyc` into a path, one place per NIC on several nodes (else [0]): the
+    paths' first GPUs use distinct NICs, and so do their last GPUs."""
     g, N = topology.gpus_per_node, topology.nodes
     nics = len(topology.spec.nics)
     if N == 1 or nics <= 1:
-        starts = [0]
-    else:
-        step = max(1, g // nics)
-        starts, used_in, used_out = [], set(), set()
-        for j in range(0, g, step):
-            nin, nout = topology.nic_of(cyc[j]), topology.nic_of(cyc[j - 1])
-            if nin in used_in or nout in used_out:
-                continue
-            used_in.add(nin)
-            used_out.add(nout)
-            starts.append(j)
-    return [[topology.rank(n, l) for n in range(N) for l in cyc[j:] + cyc[:j]] for j in starts]
+        return [0]
+    step = max(1, g // nics)
+    starts, used_in, used_out = [], set(), set()
+    for j in range(0, g, step):
+        nin, nout = topology.nic_of(cyc[j]), topology.nic_of(cyc[j - 1])
+        if nin in used_in or nout in used_out:
+            continue
+        used_in.add(nin)
+        used_out.add(nout)
+        starts.append(j)
+    return starts
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -161,14 +170,23 @@ def _ring_reduce_scatter(prog, order, K, off, w, ch, *, into_output_all: bool):
             acc[o] = prog.chunk(b, "input", o * K + off, w).reduce(acc[o], into=into, ch=ch)
 
 
-def ring(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+def _channel_sets(flows: int, channels: int) -> list:
+    """Channels for each of `flows` independent flows (rings, trees): flow f runs on f, f + flows, ...: its
+    own connections, and room to spill over when one thread block's steps are full; with fewer `channels`
+    than flows (instances take the rest), flows share them round robin."""
+    if flows <= 1:
+        return [None] * flows
+    if flows > channels:
+        return [(f % channels,) for f in range(flows)]
+    return [tuple(range(f, channels, flows)) for f in range(flows)]
+
+
+def ring(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS) -> DSLProgram:
     orders = ring_orders(topology)
     R, w = len(orders[0]), chunkup
     K = w * len(orders)
     prog = DSLProgram(coll, R, K, name=f"ring-{coll}")
-    # ring j runs on channels j, j + rings, j + 2 rings, ...: its own connections, and room to spill over
-    # when one thread block's steps are full (a ring of R ranks needs R - 1 steps per block)
-    chans = [tuple(range(j, 32, len(orders))) if len(orders) > 1 else None for j in range(len(orders))]
+    chans = _channel_sets(len(orders), channels)  # a ring of R ranks needs R - 1 steps per block
     for j, order in enumerate(orders):
         ch = chans[j]
         if coll == "allgather":
@@ -244,25 +262,32 @@ def _trees(n: int):
     return t1, t2
 
 
-def double_binary_tree(topology, coll: str, chunkup: int = 1) -> DSLProgram:
+def double_binary_tree(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS) -> DSLProgram:
+    """NCCL's trees: per NIC rail (one on a single node) a pair of mirrored binary trees over the nodes,
+    each node a chain opened at that rail's GPU (the first tree's chain enters through the rail's NIC, the
+    second's, reversed, through the NIC of the chain's last GPU), every tree on its own channels and
+    reducing then broadcasting its share of the chunks, pipelined chunk by chunk."""
     R = topology.num_ranks
     prog = DSLProgram(coll, R, chunkup, name="double-binary-tree-allreduce")
     cyc = node_cycle(topology)
     nodes = topology.nodes
-    t1, t2 = _trees(nodes)
+    node_trees = _trees(nodes)
     trees = []
-    for t, (parents, chain) in enumerate(((t1, cyc), (t2, cyc[::-1]))):
-        # rank tree: inside a node a chain (chain[0] is the node's head), heads joined by the node tree
-        parent = {}
-        for n in range(nodes):
-            ranks = [topology.rank(n, l) for l in chain]
-            for a, b in zip(ranks, ranks[1:]):
-                parent[b] = a
-            parent[ranks[0]] = topology.rank(parents[n], chain[0]) if parents[n] >= 0 else -1
-        trees.append(parent)
-    C = prog.coll.num_chunks
-    halves = [range(0, C // 2), range(C // 2, C)] if C > 1 else [range(0, C), range(0)]
-    for parent, chunks in zip(trees, halves):
+    for j in rail_starts(topology, cyc):
+        opened = cyc[j:] + cyc[:j]
+        for parents, chain in zip(node_trees, (opened, opened[::-1])):
+            # rank tree: inside a node a chain (chain[0] is the node's head), heads joined by the node tree
+            parent = {}
+            for n in range(nodes):
+                ranks = [topology.rank(n, l) for l in chain]
+                for a, b in zip(ranks, ranks[1:]):
+                    parent[b] = a
+                parent[ranks[0]] = topology.rank(parents[n], chain[0]) if parents[n] >= 0 else -1
+            trees.append(parent)
+    T, C = len(trees), prog.coll.num_chunks
+    events = []
+    for t, parent in enumerate(trees):
+        chunks = range(C * t // T, C * (t + 1) // T)
         children = {r: [] for r in range(R)}
         root = None
         for r, p in parent.items():
@@ -282,22 +307,22 @@ def double_binary_tree(topology, coll: str, chunkup: int = 1) -> DSLProgram:
         visit(root)
         H = height[root]
         # pipelined schedule: chunk i is reduced at node u at step i + height(u), then sent down at
-        # step i + H + 1 + depth(u); operations are traced in step order
-        events = []
+        # step i + H + 1 + depth(u)
         for i, c in enumerate(chunks):
             for u in post:
-                events.append((i + height[u], 0, c, u))
-                events.append((i + H + 1 + depth[u], 1, c, u))
-        result = {}
-        for _, phase, c, u in sorted(events, key=lambda e: (e[0], e[1], e[2], e[3])):
-            if phase == 0:  # reduce the children's partial sums into u
-                acc = prog.chunk(u, "input", c)
-                for v in children[u]:
-                    acc = acc.reduce(result[(c, v)], into=("output", c))
-                result[(c, u)] = acc
-            else:  # broadcast the full sum from u to its children
-                for v in children[u]:
-                    prog.chunk(u, "output", c).copy(v, "output", c)
+                events.append((i + height[u], 0, t, c, u, children[u]))
+                events.append((i + H + 1 + depth[u], 1, t, c, u, children[u]))
+    chans = _channel_sets(T, channels)  # the two trees of a rail join the same GPUs in opposite directions
+    result = {}
+    for _, phase, t, c, u, kids in sorted(events, key=lambda e: e[:5]):  # all trees' operations in step order
+        if phase == 0:  # reduce the children's partial sums into u
+            acc = prog.chunk(u, "input", c)
+            for v in kids:
+                acc = acc.reduce(result[(c, v)], into=("output", c), ch=chans[t])
+            result[(c, u)] = acc
+        else:  # broadcast the full sum from u to its children
+            for v in kids:
+                prog.chunk(u, "output", c).copy(v, "output", c, ch=chans[t])
     return prog
 
 
@@ -374,8 +399,9 @@ _BUILDERS = {"ring": ring, "double-binary-tree": double_binary_tree, "direct": d
              "one-shot": one_shot, "hierarchical": hierarchical, "two-step": two_step}
 
 
-def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) -> DSLProgram:
-    """The traced DSL program of a baseline (not yet lowered)."""
+def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1,
+              channels: int = MAX_CHANNELS) -> DSLProgram:
+    """The traced DSL program of a baseline (not yet lowered), its rings or trees spread over `channels`."""
     if name not in BASELINES:
         raise UserError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
     coll = canonical_name(collective_name)
@@ -383,7 +409,11 @@ def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1) ->
         raise UserError(f"baseline {name!r} implements {', '.join(BASELINES[name])}, not {coll!r}")
     if chunkup < 1:
         raise UserError(f"chunk-up must be at least 1, got {chunkup}")
-    prog = _BUILDERS[name](topology, coll, chunkup)
+    builder = _BUILDERS[name]
+    if builder in (ring, double_binary_tree):
+        prog = builder(topology, coll, chunkup, channels=channels)
+    else:
+        prog = builder(topology, coll, chunkup)
     for kind, src, dst, _, _ in prog._ops:
         if src.rank != dst.rank and topology.link(src.rank, dst.rank) is None:
             raise UserError(f"baseline {name!r} needs a link {src.rank}->{dst.rank}, which topology "
@@ -403,10 +433,27 @@ def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instan
           proto: str = "Simple", max_tbs: int = 108, reference: bool = False) -> Program:
     """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limits
     of 64 steps per thread block and 4096 XML nodes per rank (see `REFERENCE_MAX_STEPS`)."""
-    prog = build_dsl(name, topology, collective_name, chunkup=chunkup)
+    channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own
+    prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels)
     if reference:
         return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs, max_steps=REFERENCE_MAX_STEPS,
                           max_nodes=REFERENCE_MAX_NODES)
+    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
+
+
+def build_on_channels(name: str, topology, collective_name: str, channels: int, *, proto: str = "Simple",
+                      max_tbs: int = 108) -> Program:
+    """A ring or tree baseline on `channels` channels in all, as NCCL counts them (a ring or a tree per
+    channel): as many instances as its rings or trees fit, each instance's on its share of the channels
+    (with fewer channels than rings or trees, they share them)."""
+    if name == "ring":
+        flows = len(ring_orders(topology))
+    elif name == "double-binary-tree":
+        flows = 2 * len(rail_starts(topology, node_cycle(topology)))
+    else:
+        raise UserError(f"baseline {name!r} has no rings or trees to put one per channel")
+    instances = max(1, channels // flows)
+    prog = build_dsl(name, topology, collective_name, channels=max(1, channels // instances))
     return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from taccl.baselines import (BASELINES, REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, applicable, build, node_cycle,
-                             ring_order)
+from taccl.baselines import (BASELINES, REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, applicable, build,
+                             build_on_channels, node_cycle, ring_order)
 from taccl.checker import check_program
 from taccl.cli import main
 from taccl.errors import UserError
@@ -57,6 +57,37 @@ def test_ring_follows_links():
     for a, b in zip(order, order[1:] + order[:1]):
         assert t.link(a, b) is not None
     assert sorted(node_cycle(load_topology("torus-4x4", 1))) == list(range(16))
+
+
+def test_trees_use_every_nic_each_on_its_own_channel():
+    # NCCL's trees on a DGX H100 cluster: one pair per NIC, so every NIC sends and receives; each tree on a
+    # channel of its own, shared round robin when the instances leave fewer channels than trees
+    t = load_topology("dgx-h100", 4)
+    for instances, channels in ((1, 16), (2, 32), (4, 32)):
+        p = build("double-binary-tree", t, "allreduce", instances=instances, max_tbs=132)
+        assert p.nchannels == channels
+        out_nics, in_nics = set(), set()
+        for g in p.gpus:
+            for tb in g.threadblocks:
+                if tb.send >= 0 and t.node_of(tb.send) != t.node_of(g.id):
+                    out_nics.add((t.node_of(g.id), t.nic_of(g.id)))
+                if tb.recv >= 0 and t.node_of(tb.recv) != t.node_of(g.id):
+                    in_nics.add((t.node_of(g.id), t.nic_of(g.id)))
+        every = {(n, k) for n in range(4) for k in range(8)}
+        assert out_nics == every and in_nics == every
+
+
+@pytest.mark.parametrize("name,nodes", [("ring", 1), ("ring", 2), ("double-binary-tree", 1), ("double-binary-tree", 2)])
+def test_a_baseline_on_nccls_channel_count_has_that_many(name, nodes):
+    t = load_topology("dgx-h100", nodes)
+    flows = {"ring": 8, "double-binary-tree": 16}[name] if nodes > 1 else {"ring": 1, "double-binary-tree": 2}[name]
+    for channels in (flows, 16, 32):
+        p = build_on_channels(name, t, "allreduce", channels, max_tbs=132)
+        assert p.nchannels == channels and check_program(p).ok
+    if flows > 1 and nodes == 1:  # NCCL's smallest calls: one channel, the two chains share it
+        assert build_on_channels(name, t, "allreduce", 1).nchannels == 1
+    with pytest.raises(UserError, match="no rings or trees"):
+        build_on_channels("direct", t, "allreduce", 4)
 
 
 def test_baseline_cli(tmp_path, capsys):
