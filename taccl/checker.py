@@ -399,7 +399,7 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
         elif ntb > sm_count:
             add(WARNING, "limit.coresidency", f"{ntb} thread blocks: more than {sm_count} SMs cannot keep them all "
                                               f"resident, and they spin-wait on each other", rank=r, line=g.line)
-        nodes = 1 + len(p.gpus) + ntb + sum(len(tb.steps) for tb in g.threadblocks)
+        nodes = p.stored_nodes(g)
         if nodes > max_nodes:
             add(ERROR, "limit.nodes", f"rank {r} stores {nodes} XML nodes (algo + gpus + its tbs and steps), "
                                       f"more than MAX_NODES={max_nodes}", rank=r, line=g.line)

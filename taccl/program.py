@@ -310,9 +310,11 @@ class Program:
         """The most steps (nops included) any thread block has: MSCCL_MAX_NUM_STEPS must allow it."""
         return max((len(tb.steps) for g in self.gpus for tb in g.threadblocks), default=0)
 
+    def stored_nodes(self, gpu: Gpu) -> int:
+        """The XML nodes `gpu`'s rank parses and stores: the algo, every gpu, its own tbs and steps."""
+        return 1 + len(self.gpus) + len(gpu.threadblocks) + sum(len(tb.steps) for tb in gpu.threadblocks)
+
     @property
     def max_nodes(self) -> int:
-        """The most XML nodes a rank's parser stores (the algo, every gpu, its own tbs and steps): the runtimes'
-        MAX_NODES (`MAX_NODES`) must allow it."""
-        return max((1 + len(self.gpus) + len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks)
-                    for g in self.gpus), default=0)
+        """The most XML nodes any rank stores: the runtimes' MAX_NODES (`MAX_NODES`) must allow it."""
+        return max((self.stored_nodes(g) for g in self.gpus), default=0)
