@@ -47,6 +47,7 @@ COMPANIONS = {
     "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
                                            "dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
+    "2x NDv2 AllToAll sk-1": ["ndv2-sk-2.json"],
     "2x DGX-2 AllToAll": ["dgx2-direct.json"],
 }
 

@@ -22,6 +22,14 @@
     come from other nodes and the NIC's alpha is n, at least n + min((m-1) a, s): those inputs enter this
     node in several messages, which must meet in a block after crossing the NIC, or in one connection whose
     sender gathered them first.
+``flow_us``
+    AllToAll: the fluid optimum of its traffic, a multicommodity flow. Every rank's blocks must reach their
+    destinations along paths of links, switch ports and NICs, and a path of two links loads both; where GPUs
+    are not all joined directly (the DGX-1/NDv2 hybrid cube-mesh) the per-GPU bounds miss that relayed
+    blocks load several links. One node (all nodes alike) is modelled with the others merged into one
+    vertex of unlimited inner capacity, so traffic between other nodes costs this node nothing: the
+    smallest time in which the node's links can carry every flow (a linear program, solved by HiGHS once
+    per topology and protocol), plus the smallest alpha.
 ``fanout_us``
     several nodes, AllGather and AllToAll: each rank has a block of M/R bytes for each of the m ranks on
     other nodes. Blocks sent on its own NIC (with the other GPUs attached to that NIC) cross it one by one;
@@ -60,7 +68,7 @@ Examples
 >>> from taccl.topology import load_topology
 >>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000)
 >>> sorted(b)
-['call_us', 'cut_us', 'egress_us', 'fanout_us', 'ingress_us', 'latency_us', 'proto']
+['call_us', 'cut_us', 'egress_us', 'fanout_us', 'flow_us', 'ingress_us', 'latency_us', 'proto']
 >>> b = lower_bounds(load_topology("dgx2", 2), "allgather", 32_000_000, proto="Simple")
 >>> round(b["cut_us"], 1)   # 16 MB must enter each node through 8 NICs of 12.5 GB/s, after 14 us
 174.0
@@ -69,6 +77,7 @@ Examples
 from __future__ import annotations
 
 import heapq
+from functools import lru_cache
 
 from .collectives import NAMES, canonical_name
 from .errors import UserError
@@ -272,8 +281,9 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
     intra = _intra_alpha_apsp(topology, p)
     latency = _latency_bound(topology, c, root, p, intra) if R > 1 else 0.0
     fanout = _fanout_bound(topology, size_bytes, p, intra) if multi and c in ("allgather", "alltoall") else 0.0
-    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "latency_us": latency, "fanout_us": fanout,
-            "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
+    flow = _alltoall_flow_bound(topology, size_bytes, p) if c == "alltoall" and R > 1 else 0.0
+    return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "flow_us": flow, "latency_us": latency,
+            "fanout_us": fanout, "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
 
 
 def _fanout_bound(topology, size_bytes: float, proto: str, intra: list) -> float:
@@ -297,6 +307,68 @@ def _fanout_bound(topology, size_bytes: float, proto: str, intra: list) -> float
         direct = alpha + load / (sum(c.bw_GBps for c, _ in nics) * 1000.0)
         worst = max(worst, min(direct, alpha + hop))
     return worst
+
+
+def _alltoall_flow_bound(topology, size_bytes: float, proto: str) -> float:
+    """The smallest alpha plus the AllToAll's fluid optimum on one node's graph (the module doc)."""
+    spec = topology.spec
+    costs = {t: lt.cost(proto) for t, lt in spec.link_types.items()}
+    links = tuple((s, d, costs[t].bw_GBps) for s, d, t in spec.links)
+    switches = tuple((tuple(sorted(g)), costs[t].bw_GBps) for _, g, t in spec.switches if len(g) > 1)
+    nics = tuple((tuple(g), costs[t].bw_GBps) for _, g, t in spec.nics) if topology.nodes > 1 else ()
+    used = [t for _, _, t in spec.links] + [t for _, g, t in spec.switches if len(g) > 1] + (
+        [t for _, _, t in spec.nics] if nics else [])
+    alpha = min((costs[t].alpha_us for t in used), default=0.0)
+    per_byte = _alltoall_flow_us_per_byte(spec.gpus_per_node, topology.nodes, links, switches, nics)
+    return alpha + per_byte * size_bytes
+
+
+@lru_cache(maxsize=64)
+def _alltoall_flow_us_per_byte(gpus: int, nodes: int, links: tuple, switches: tuple, nics: tuple) -> float:
+    """Microseconds per byte of AllToAll input (M) that one node's links need at the least: a linear program
+    over flows aggregated by source (one commodity per local GPU, one for the merged other nodes), each edge's
+    total flow at most its bandwidth times T, minimising T. Returns infinity where some block has no path."""
+    from .solver import Model, SolveOptions, solve
+
+    R = gpus * nodes
+    block = 1e-3 / R  # one byte of M, in the units where bytes / (GB/s) give microseconds
+    # vertices: GPUs 0..gpus-1, then each switch, each NIC's out and in side, and "the other nodes"
+    vertex = gpus
+    edges = [(s, d, bw) for s, d, bw in links]
+    for members, bw in switches:
+        for g in members:  # a GPU's port on the switch, each direction
+            edges += [(g, vertex, bw), (vertex, g, bw)]
+        vertex += 1
+    others = vertex + 2 * len(nics)
+    for members, bw in nics:
+        out_side, in_side = vertex, vertex + 1
+        edges += [(g, out_side, INF) for g in members] + [(in_side, g, INF) for g in members]
+        edges += [(out_side, others, bw), (others, in_side, bw)]
+        vertex += 2
+    sources = list(range(gpus)) + ([others] if nics else [])
+    incident = {}  # vertex -> [(edge, +1 leaving / -1 entering)]
+    for e, (a, b, _) in enumerate(edges):
+        incident.setdefault(a, []).append((e, 1.0))
+        incident.setdefault(b, []).append((e, -1.0))
+    m = Model("alltoall-flow")
+    T = m.add_var(obj=1.0)
+    flow = [m.add_vars(len(edges)) for _ in sources]  # flow[k][e]: source k's bytes on edge e
+    for k, src in enumerate(sources):
+        if src == others:  # the other nodes send each local GPU R - gpus blocks
+            demand = {g: (R - gpus) * block for g in range(gpus)}
+        else:  # a local GPU sends a block to each local peer and R - gpus blocks off the node
+            demand = {g: block for g in range(gpus) if g != src}
+            if nics:
+                demand[others] = (R - gpus) * block
+        for v in set(incident) | set(demand) | {src}:  # a GPU without links makes the program infeasible
+            ends = incident.get(v, [])
+            net = sum(demand.values()) if v == src else -demand.get(v, 0.0)
+            m.add_constr([flow[k][e] for e, _ in ends], [sign for _, sign in ends], net, net)
+    for e, (_, _, bw) in enumerate(edges):
+        if bw < INF:
+            m.add_constr([f[e] for f in flow] + [T], [1.0] * len(flow) + [-bw], hi=0.0)
+    res = solve(m, "highs", SolveOptions(time_limit_s=60.0))
+    return res.objective if res.status == "optimal" else INF
 
 
 def _total(b: dict) -> float:
@@ -325,4 +397,4 @@ def allreduce_optimum(topology, size_bytes: float, *, proto: str | None = None) 
 
 
 def _bandwidth(b: dict) -> float:
-    return max(b["ingress_us"], b["egress_us"], b["cut_us"])
+    return max(b["ingress_us"], b["egress_us"], b["cut_us"], b.get("flow_us", 0.0))

@@ -65,14 +65,18 @@ class Problem:
 
     def path_cost(self, src: int, dst: int, *, internode_split: float = 1.0) -> tuple:
         """(alpha, beta of one chunk, resources, lanes, physical link, the sender's share of alpha) of the
-        physical path src -> dst under the
-        problem's protocol and instance count: `instances` thread blocks, each limited to the link type's
-        `tb_bw_GBps`, share the path's bandwidth (see `topology.lanes_and_rate`)."""
+        physical path src -> dst under the problem's protocol and instance count, as the simulator grades it:
+        each shared resource carries `topology.lanes_and_rate` thread blocks at once, and a chunk moves on
+        `instances` blocks (one per copy of the program), so it fills min(instances, lanes) lanes; the
+        resource's capacity (its lanes' sum) is then shared the same way among chunks. Where one block's limit
+        does not divide the bandwidth, that capacity is all a program gets (one NVLink2 brick of NDv2 in
+        Simple: one lane of 14.9 of its 20.7 GB/s)."""
         phys = self.topology.link(src, dst)
         cost = phys.type.cost(self.proto)
-        tb = None if cost.tb_bw_GBps is None else cost.tb_bw_GBps * self.instances
-        lanes, rate = lanes_and_rate(cost.bw_GBps / internode_split, tb)
-        return cost.alpha_us, self.chunk_bytes / (rate * 1000.0), phys.resources, lanes, phys, cost.busy_us
+        lanes, rate = lanes_and_rate(cost.bw_GBps / internode_split, cost.tb_bw_GBps)
+        chunk_lanes, chunk_rate = lanes_and_rate(lanes * rate, min(self.instances, lanes) * rate)
+        return (cost.alpha_us, self.chunk_bytes / (chunk_rate * 1000.0), phys.resources, chunk_lanes, phys,
+                cost.busy_us)
 
     def link_allowed(self, chunk: int, link: LogicalLink) -> bool:
         if not link.internode:

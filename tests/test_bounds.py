@@ -86,3 +86,35 @@ def test_the_module_examples_hold():
     import taccl.bounds
 
     assert doctest.testmod(taccl.bounds).failed == 0
+
+
+def test_an_alltoall_on_a_partial_mesh_pays_for_its_relayed_blocks():
+    # One NDv2 node (hybrid cube-mesh): each GPU has NVLinks to 4 of its 7 peers, so 3 of every GPU's blocks
+    # cross at least two links. Every link carries at most bandwidth x T, so T is at least the block-hops
+    # over the summed bandwidth: a weaker bound than the flow program's, and far above the per-GPU port one.
+    import networkx as nx
+
+    t = load_topology("ndv2", 1)
+    size, proto = 1 << 28, "Simple"
+    b = lower_bounds(t, "alltoall", size, proto=proto)
+    g = nx.DiGraph([(s, d) for s, d, _ in t.spec.links])
+    hops = sum(nx.shortest_path_length(g, s, d) for s in range(8) for d in range(8) if s != d)
+    total_bw = sum(t.spec.link_types[ty].cost(proto).bw_GBps for _, _, ty in t.spec.links)
+    assert b["flow_us"] > hops * size / 8 / (total_bw * 1000.0) > 1.3 * b["ingress_us"]
+    assert lower_bound(t, "alltoall", size, proto=proto) == pytest.approx(b["call_us"] + b["flow_us"])
+    # where every pair is one switch hop apart, the flow bound is the per-port one
+    h = lower_bounds(load_topology("dgx-h100", 1), "alltoall", size, proto=proto)
+    assert h["flow_us"] == pytest.approx(h["ingress_us"], rel=1e-6)
+
+
+def test_no_alltoall_program_beats_the_flow_bound():
+    for name, nodes in (("ndv2", 2), ("dgx-h100", 2), ("dgx2", 2)):
+        t = load_topology(name, nodes)
+        for baseline in ("direct", "two-step"):
+            if not applicable(baseline, t, "alltoall"):
+                continue
+            for proto in ("Simple", "LL128"):
+                prog = build(baseline, t, "alltoall", proto=proto, instances=2)
+                for size in (1 << 20, 1 << 26):
+                    assert simulate(prog, t, size).time_us >= lower_bound(t, "alltoall", size, proto=proto) * (1 - 1e-9), \
+                        (name, baseline, proto, size)

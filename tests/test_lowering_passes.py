@@ -558,7 +558,8 @@ def test_a_network_send_fuses_with_a_fan_out_whose_local_readers_come_first():
     # rail's sum gets the other node's partial over the NIC, and the schedule forwards the sum to its local
     # peers before sending it back over the NIC. The network policy still fuses that send with the receive
     # (the local sends wait for it), which saves the flag wait on the slowest path: faster at 8 KiB, where
-    # latency is all, though not at the input size, so a SKU lists it as a variant of its own
+    # latency is all, though not at the input size, so a SKU lists it as a variant of its own. The routing
+    # runs to its optimum (no stall rule), so the program does not depend on the machine's load.
     from pathlib import Path
 
     from taccl.simulator import Simulator
@@ -567,7 +568,7 @@ def test_a_network_send_fuses_with_a_fan_out_whose_local_readers_come_first():
 
     root = Path(__file__).resolve().parent.parent
     algo = synthesize(load_sketch(root / "sketches" / "ndv2-sk-2.json"), collective="allreduce",
-                      input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=2))
+                      input_size="64K", options=SynthesisOptions(time_limit_s=60, stall_s=0, proto="LL", instances=2))
     topo = algo.load_topology()
     gpn = topo.spec.gpus_per_node
     network = lower(algo, topology=topo, fusion="network")
@@ -578,7 +579,8 @@ def test_a_network_send_fuses_with_a_fan_out_whose_local_readers_come_first():
         if st.type in (StepType.RECV_REDUCE_COPY_SEND.value, StepType.RECV_COPY_SEND.value)
         and tb.send // gpn != g.id // gpn and tb.recv // gpn != g.id // gpn)
     assert fused_to_network(network) > fused_to_network(eager)
-    assert Simulator(network, topo).run(8192).time_us < 0.95 * Simulator(eager, topo).run(8192).time_us
+    saved = Simulator(eager, topo).run(8192).time_us - Simulator(network, topo).run(8192).time_us
+    assert saved > topo.spec.sync_us / 2
     # the named policies are the ones "auto" chooses among
     unfused = lower(algo, topology=topo, fusion="none")
     assert _fused_steps(unfused) == 0 < _fused_steps(eager)
