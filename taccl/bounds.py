@@ -327,7 +327,7 @@ def _alltoall_flow_bound(topology, size_bytes: float, proto: str) -> float:
 def _alltoall_flow_us_per_byte(gpus: int, nodes: int, links: tuple, switches: tuple, nics: tuple) -> float:
     """Microseconds per byte of AllToAll input (M) that one node's links need at the least: a linear program
     over flows aggregated by source (one commodity per local GPU, one for the merged other nodes), each edge's
-    total flow at most its bandwidth times T, minimising T. Returns infinity where some block has no path."""
+    total flow at most its bandwidth times T, minimising T. Infinity where some block has no path."""
     from .solver import Model, SolveOptions, solve
 
     R = gpus * nodes
@@ -368,7 +368,9 @@ def _alltoall_flow_us_per_byte(gpus: int, nodes: int, links: tuple, switches: tu
         if bw < INF:
             m.add_constr([f[e] for f in flow] + [T], [1.0] * len(flow) + [-bw], hi=0.0)
     res = solve(m, "highs", SolveOptions(time_limit_s=60.0))
-    return res.objective if res.status == "optimal" else INF
+    if res.status == "infeasible":
+        return INF
+    return res.objective if res.status == "optimal" else 0.0  # not solved in time: claim nothing
 
 
 def _total(b: dict) -> float:
