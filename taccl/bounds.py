@@ -313,11 +313,12 @@ def _alltoall_flow_bound(topology, size_bytes: float, proto: str) -> float:
     """The smallest alpha plus the AllToAll's fluid optimum on one node's graph (the module doc)."""
     spec = topology.spec
     costs = {t: lt.cost(proto) for t, lt in spec.link_types.items()}
+    switched = [(tuple(sorted(g)), t) for _, g, t in spec.switches if len(g) > 1]
+    networked = [(tuple(g), t) for _, g, t in spec.nics] if topology.nodes > 1 else []
     links = tuple((s, d, costs[t].bw_GBps) for s, d, t in spec.links)
-    switches = tuple((tuple(sorted(g)), costs[t].bw_GBps) for _, g, t in spec.switches if len(g) > 1)
-    nics = tuple((tuple(g), costs[t].bw_GBps) for _, g, t in spec.nics) if topology.nodes > 1 else ()
-    used = [t for _, _, t in spec.links] + [t for _, g, t in spec.switches if len(g) > 1] + (
-        [t for _, _, t in spec.nics] if nics else [])
+    switches = tuple((g, costs[t].bw_GBps) for g, t in switched)
+    nics = tuple((g, costs[t].bw_GBps) for g, t in networked)
+    used = [t for _, _, t in spec.links] + [t for _, t in switched + networked]
     alpha = min((costs[t].alpha_us for t in used), default=0.0)
     per_byte = _alltoall_flow_us_per_byte(spec.gpus_per_node, topology.nodes, links, switches, nics)
     return alpha + per_byte * size_bytes
@@ -399,4 +400,4 @@ def allreduce_optimum(topology, size_bytes: float, *, proto: str | None = None) 
 
 
 def _bandwidth(b: dict) -> float:
-    return max(b["ingress_us"], b["egress_us"], b["cut_us"], b.get("flow_us", 0.0))
+    return max(b["ingress_us"], b["egress_us"], b["cut_us"], b["flow_us"])
