@@ -36,13 +36,28 @@ INSTANCES = [
 # sketches/skus/, synthesize beside an instance's own for the same collective and nodes, each at its own input
 # size: the one-shot AllReduce forms, the flat one-hop sketches and the flat rail-aligned one for the largest
 # H100 messages. The instance's best synthesized program is the best over its sketch and these, as a batch's
-# selection would pick it.
+# selection would pick it. A companion is a sketch file, synthesized in every protocol and instance count, or
+# a dict naming the variants as a SKU candidate does: {"sketch", "at" (synthesis size), "chunkup",
+# "protocols", "instances", "fusions" (lowering policies, one program each)}, each optional but the sketch.
+# DGX-2's hierarchical phases (rail exchange through the NIC each GPU pair shares, NVSwitch inside) carry the
+# large messages; they need chunks cut in two (AllReduce) or four (AllGather: the fan-out of remote blocks
+# over NVSwitch overlaps the NIC only with finer chunks) and two thread blocks per connection. In LL,
+# synthesized at 64 KiB, they also carry the small AllReduce messages.
+DGX2_HIER_ALLGATHER = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 4, "protocols": ["Simple"],
+                       "instances": [2]}
+DGX2_HIER_ALLREDUCE = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
+                       "instances": [2]}
 COMPANIONS = {
-    "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json"],
-    "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json"],
-    "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json"],
-    "2x DGX-2 AllReduce": ["dgx2-direct.json"],
-    "2x DGX-2 AllReduce hierarchical": ["dgx2-direct.json"],
+    "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
+    "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
+    # the NDv2 SKU's AllReduce candidates for 8 KiB-1 MiB: sk-2 on two LL channels, the phases in LL128
+    "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json",
+                          {"sketch": "ndv2-sk-2.json", "at": "64K", "protocols": ["LL"], "instances": [2],
+                           "fusions": ["auto", "network"]},
+                          {"sketch": "ndv2-hier.json", "at": "256K", "protocols": ["LL128"], "instances": [4]}],
+    "2x DGX-2 AllReduce": ["dgx2-direct.json", {"sketch": "dgx2-hier.json", "at": "64K", "protocols": ["LL"],
+                                                 "instances": [1]}, DGX2_HIER_ALLREDUCE],
+    "2x DGX-2 AllReduce hierarchical": ["dgx2-direct.json", DGX2_HIER_ALLREDUCE],
     "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json", "dgx-h100-rail.json"],
     "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
                                            "dgx-h100-direct.json", "dgx-h100-rail.json"],

@@ -5,7 +5,7 @@ synthesized (`taccl.synthesize.synthesize`) in every protocol and instance count
 SKU's batch does (64 KiB and 16 MiB by default, plus the instance's own size; at the largest also with each
 chunk cut in two), and so are the instance's companions (`instances.COMPANIONS`: the one-shot and one-hop
 sketches for small messages and the rail-aligned one for the largest that the SKUs synthesize beside it, each
-at its own input size). Each program is lowered (`taccl.lowering.lower`, proven) and simulated
+at its own input size, and the hierarchical sketches in the variants that suit large messages). Each program is lowered (`taccl.lowering.lower`, proven) and simulated
 (`taccl.simulator`, the calibrated model) at sizes 1 KiB to 1 GiB, as is every applicable baseline
 (`taccl.baselines`: NCCL's rings and trees, the all-pairs and one-shot programs MSCCL ships, hierarchical and
 two-step; every protocol, 1 and 4 instances, no executor step limit). Printed per instance and size: the
@@ -52,25 +52,33 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
     syn, base, notes = {}, {}, []
     synthesis_sizes = sorted({parse_size(x) for x in args.synthesis_sizes.split(",")} | {own_size})
     # large messages also get finer chunks (more pipelining between phases and hops), as the SKUs do
-    runs = [(sk, at, sk.chunkup, "") for at in synthesis_sizes] + [
-        (sk, synthesis_sizes[-1], cu, "") for cu in args.large_chunkups if cu != sk.chunkup]
-    # companions (instances.COMPANIONS): other sketches for the same job, each at its own input size
+    # runs: (sketch, synthesis size, chunk-up, protocols, instance counts, lowering policies, name prefix)
+    runs = [(sk, at, sk.chunkup, PROTOCOLS, args.instances, ["auto"], "") for at in synthesis_sizes] + [
+        (sk, synthesis_sizes[-1], cu, PROTOCOLS, args.instances, ["auto"], "")
+        for cu in args.large_chunkups if cu != sk.chunkup]
+    # companions (instances.COMPANIONS): other sketches for the same job, each at its own input size and in
+    # every protocol and instance count, or in the variants the entry names
     for other in COMPANIONS.get(label, []) if args.companions else []:
-        csk = load_sketch(SKETCHES / other)
-        runs.append((csk, resolve(csk, nodes=topo.nodes, collective=collective.name)[2], csk.chunkup,
-                     f"{csk.name}/"))
-    for sk_run, at, chunkup, prefix in runs:
+        spec = {"sketch": other} if isinstance(other, str) else other
+        csk = load_sketch(SKETCHES / spec["sketch"])
+        at = (parse_size(spec["at"]) if "at" in spec
+              else resolve(csk, nodes=topo.nodes, collective=collective.name)[2])
+        runs.append((csk, at, spec.get("chunkup", csk.chunkup), spec.get("protocols", PROTOCOLS),
+                     spec.get("instances", args.instances), spec.get("fusions", ["auto"]), f"{csk.name}/"))
+    for sk_run, at, chunkup, protocols, instance_counts, fusions, prefix in runs:
         sk_at = dataclasses.replace(sk_run, chunkup=chunkup)
-        for proto in PROTOCOLS:
-            for inst in args.instances:
+        for proto in protocols:
+            for inst in instance_counts:
                 name = (f"{prefix}{proto}.i{inst}" + (f".c{chunkup}" if chunkup != sk_run.chunkup else "")
                         + f"@{format_size(at)}")
                 try:
                     algo = synthesize(sk_at, nodes=topo.nodes, collective=collective.name, input_size=at,
                                       options=SynthesisOptions(time_limit_s=args.time_limit, threads=1,
                                                                proto=proto, instances=inst))
-                    sim = Simulator(lower(algo, max_tbs=max_tbs, topology=topo), topo)
-                    syn[name] = [sim.run(s).time_us for s in sizes]
+                    for fusion in fusions:
+                        sim = Simulator(lower(algo, max_tbs=max_tbs, topology=topo, fusion=fusion), topo)
+                        variant = name + ("" if fusion == "auto" else f"+{fusion}")
+                        syn[variant] = [sim.run(s).time_us for s in sizes]
                 except TacclError as exc:
                     notes.append(f"{name}: {str(exc).splitlines()[0][:80]}")
     t_syn = time.monotonic() - t0

@@ -5,9 +5,12 @@
 ``ingress_us``
     per-GPU ingress bound: the bytes some GPU must receive divided by the sum of the bandwidths of its
     distinct ingress resources (direct links, switch in-ports, its NIC when there are several nodes), plus
-    the smallest alpha among them (a link that carries v bytes is busy at least alpha + v/bw).
+    the smallest alpha among them (a link that carries v bytes is busy at least alpha + v/bw). Where GPUs
+    share a NIC (DGX-2: a pair; NDv2: all eight) the same holds for the group: the bytes its GPUs must
+    receive together, over the distinct resources of the group, so the shared NIC counts once and not once
+    per GPU.
 ``egress_us``
-    the same for the bytes some GPU must send.
+    the same for the bytes some GPU (group) must send.
 ``cut_us``
     the cut bound across node boundaries (several nodes only): the bytes that must enter (leave) a node,
     divided by the summed bandwidth of its NICs, plus the NIC alpha. This is the multi-node special case of
@@ -35,6 +38,12 @@
     other nodes. Blocks sent on its own NIC (with the other GPUs attached to that NIC) cross it one by one;
     any other way takes one more hop (a relay in the destination node, or to another NIC). With the NIC's
     alpha n and bandwidth B, and a the smallest intra-node alpha: min(n + sharers x m x M/R / B, n + a).
+    AllGather's relays copy one block to many ranks, but a thread block has one send peer: the block that
+    took a copy in from the network can pass it on to one rank, any other block of that GPU reads it after
+    a flag (sync) or two hops. So where fewer than half of a destination node's g ranks get a block over a
+    NIC, one of them waits n + a + min(a, sync); where at least half do, the node's NICs carry
+    (nodes - 1) ceil(g/2) copies of every local block. The relay term n + a becomes
+    min(max(n + a, n + g (nodes - 1) ceil(g/2) M/R / sum of the node's NIC bandwidths), n + a + min(a, sync)).
 
 ``call_us``
     the runtime's fixed cost of one call (the topology's ``runtime.call_us``), paid by every algorithm.
@@ -128,8 +137,8 @@ def node_volumes(collective: str, num_ranks: int, gpus: int, size_bytes: float, 
     return table[c] if N > g else (0.0, 0.0)
 
 
-def _local_ports(spec, multi_node: bool, proto: str):
-    """Per local GPU: (sum in-bw, min in-alpha, sum out-bw, min out-alpha) over distinct resources."""
+def _local_resources(spec, multi_node: bool, proto: str):
+    """Per local GPU: (ingress, egress) resources, each a dict resource -> (bandwidth, alpha)."""
     n = spec.gpus_per_node
     ins = [dict() for _ in range(n)]  # resource -> (bw, alpha)
     outs = [dict() for _ in range(n)]
@@ -142,21 +151,37 @@ def _local_ports(spec, multi_node: bool, proto: str):
         if len(gpus) < 2:
             continue
         for g in gpus:
-            outs[g][("swout", si)] = (c.bw_GBps, c.alpha_us)
-            ins[g][("swin", si)] = (c.bw_GBps, c.alpha_us)
+            outs[g][("swout", si, g)] = (c.bw_GBps, c.alpha_us)
+            ins[g][("swin", si, g)] = (c.bw_GBps, c.alpha_us)
     if multi_node:
         for ni, (_, gpus, tname) in enumerate(spec.nics):
             c = spec.link_types[tname].cost(proto)
             for g in gpus:
                 outs[g][("nic", ni)] = (c.bw_GBps, c.alpha_us)
                 ins[g][("nic", ni)] = (c.bw_GBps, c.alpha_us)
+    return ins, outs
 
-    def fold(d):
-        if not d:
-            return 0.0, INF
-        return sum(bw for bw, _ in d.values()), min(a for _, a in d.values())
 
-    return [fold(ins[g]) + fold(outs[g]) for g in range(n)]
+def _port_bound(volume: float, resources: dict) -> float:
+    """The least time to move `volume` bytes through distinct `resources` (resource -> (GB/s, alpha))."""
+    if volume <= 0:
+        return 0.0
+    if not resources:
+        return INF
+    bw = sum(b for b, _ in resources.values())
+    return INF if bw <= 0 else min(a for _, a in resources.values()) + volume / (bw * 1000.0)
+
+
+def _nic_groups(spec) -> list:
+    """Sets of local GPUs that share NICs (connected through common NICs), those of more than one GPU."""
+    groups = []
+    for _, gpus, _ in spec.nics:
+        merged = set(gpus)
+        for other in [g for g in groups if g & merged]:
+            merged |= other
+            groups.remove(other)
+        groups.append(merged)
+    return [sorted(g) for g in groups if len(g) > 1]
 
 
 def _intra_alpha_apsp(topology, proto: str) -> list:
@@ -255,15 +280,20 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
     p = str(getattr(proto, "value", proto))
     R = topology.num_ranks
     multi = topology.nodes > 1
-    ports = _local_ports(topology.spec, multi, p)
+    ins, outs = _local_resources(topology.spec, multi, p)
+    rooted = c in ("broadcast", "reduce", "gather", "scatter")
+    g = topology.gpus_per_node
+    # Rank sets whose summed volume must pass their distinct resources: every GPU alone and, with several
+    # nodes, every group sharing a NIC; in node 0 (every node alike) unless a root makes nodes differ.
+    groups = [[x] for x in range(g)] + (_nic_groups(topology.spec) if multi else [])
     ingress = egress = 0.0
-    for rank in range(R) if c in ("broadcast", "reduce", "gather", "scatter") else range(topology.gpus_per_node):
-        vin, vout = rank_volumes(c, R, size_bytes, rank, root)
-        bin_, ain, bout, aout = ports[topology.local(rank)]
-        if vin > 0:
-            ingress = max(ingress, INF if bin_ <= 0 else ain + vin / (bin_ * 1000.0))
-        if vout > 0:
-            egress = max(egress, INF if bout <= 0 else aout + vout / (bout * 1000.0))
+    for node in range(topology.nodes) if rooted else [0]:
+        for group in groups:
+            ranks = [node * g + x for x in group]
+            vin = sum(rank_volumes(c, R, size_bytes, r, root)[0] for r in ranks)
+            vout = sum(rank_volumes(c, R, size_bytes, r, root)[1] for r in ranks)
+            ingress = max(ingress, _port_bound(vin, {k: v for x in group for k, v in ins[x].items()}))
+            egress = max(egress, _port_bound(vout, {k: v for x in group for k, v in outs[x].items()}))
     cut = 0.0
     if multi:
         spec = topology.spec
@@ -280,23 +310,31 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
                     cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
     intra = _intra_alpha_apsp(topology, p)
     latency = _latency_bound(topology, c, root, p, intra) if R > 1 else 0.0
-    fanout = _fanout_bound(topology, size_bytes, p, intra) if multi and c in ("allgather", "alltoall") else 0.0
+    fanout = _fanout_bound(topology, c, size_bytes, p, intra) if multi and c in ("allgather", "alltoall") else 0.0
     flow = _alltoall_flow_bound(topology, size_bytes, p) if c == "alltoall" and R > 1 else 0.0
     return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "flow_us": flow, "latency_us": latency,
             "fanout_us": fanout, "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
 
 
-def _fanout_bound(topology, size_bytes: float, proto: str, intra: list) -> float:
+def _fanout_bound(topology, collective: str, size_bytes: float, proto: str, intra: list) -> float:
     """The time before a rank's blocks reach every rank of the other nodes (the module doc's argument)."""
     spec = topology.spec
     hop = _smallest_intra_alpha(intra)
-    m = topology.num_ranks - topology.gpus_per_node
+    g = topology.gpus_per_node
+    m = topology.num_ranks - g
     block = size_bytes / topology.num_ranks
-    own = [[] for _ in range(topology.gpus_per_node)]  # the NICs a GPU sends on without another hop
+    own = [[] for _ in range(g)]  # the NICs a GPU sends on without another hop
     for _, gpus, tname in spec.nics:
         c = spec.link_types[tname].cost(proto)
-        for g in gpus:
-            own[g].append((c, len(gpus)))
+        for x in gpus:
+            own[x].append((c, len(gpus)))
+    relayed = 0.0  # AllGather: the copies relayed inside a destination node (the module doc's argument)
+    if collective == "allgather" and spec.nics:
+        costs = [spec.link_types[t].cost(proto) for _, _, t in spec.nics]
+        n = min(c.alpha_us for c in costs)
+        copies = g * (topology.nodes - 1) * ((g + 1) // 2) * block  # half of every node's ranks, every block
+        relayed = min(max(n + hop, n + copies / (sum(c.bw_GBps for c in costs) * 1000.0)),
+                      n + hop + min(hop, spec.sync_us))
     worst = 0.0
     for nics in own:
         if not nics:
@@ -305,7 +343,7 @@ def _fanout_bound(topology, size_bytes: float, proto: str, intra: list) -> float
         # one NIC: every GPU on it sends its m blocks through it; several: at least their summed bandwidth
         load = nics[0][1] * m * block if len(nics) == 1 else m * block
         direct = alpha + load / (sum(c.bw_GBps for c, _ in nics) * 1000.0)
-        worst = max(worst, min(direct, alpha + hop))
+        worst = max(worst, min(direct, max(alpha + hop, relayed)))
     return worst
 
 

@@ -118,3 +118,36 @@ def test_no_alltoall_program_beats_the_flow_bound():
                 for size in (1 << 20, 1 << 26):
                     assert simulate(prog, t, size).time_us >= lower_bound(t, "alltoall", size, proto=proto) * (1 - 1e-9), \
                         (name, baseline, proto, size)
+
+
+def test_gpus_that_share_a_nic_count_it_once():
+    # DGX-2: a NIC per GPU pair. Each GPU must take in 31 of 32 blocks through its NVSwitch port or the NIC;
+    # the pair together through two ports and one NIC, not one NIC each.
+    t = load_topology("dgx2", 2)
+    size = 256 << 20
+    switch, nic = (t.spec.link_types[k].cost("Simple") for k in ("nvswitch", "ib"))
+    pair = 2 * 31 / 32 * size / ((2 * switch.bw_GBps + nic.bw_GBps) * 1000.0)
+    b = lower_bounds(t, "allgather", size, proto="Simple")
+    assert b["ingress_us"] == pytest.approx(switch.alpha_us + pair)
+    assert b["ingress_us"] > 31 / 32 * size / ((switch.bw_GBps + nic.bw_GBps) * 1000.0) * 1.04
+    # still a bound: the rings NCCL would run take longer
+    for proto in ("Simple", "LL128"):
+        ring = simulate(build("ring", t, "allgather", proto=proto, instances=4), t, size).time_us
+        assert ring >= lower_bound(t, "allgather", size, proto=proto)
+
+
+def test_a_relayed_copy_reaches_one_rank_per_thread_block():
+    # DGX-2, LL, 16 KiB AllGather: a block relayed inside the other node reaches one rank from the thread
+    # block that took it in (n + a); any other rank waits a second hop. So either half of the other node's
+    # 16 ranks take every block over a NIC, or some rank waits n + 2a.
+    t = load_topology("dgx2", 2)
+    size = 16 << 10
+    switch, nic = (t.spec.link_types[k].cost("LL") for k in ("nvswitch", "ib"))
+    half = 16 * 8 * size / 32 / (8 * nic.bw_GBps * 1000.0)
+    assert nic.alpha_us + half < nic.alpha_us + 2 * switch.alpha_us
+    assert lower_bounds(t, "allgather", size, proto="LL")["fanout_us"] == pytest.approx(nic.alpha_us + half)
+    for name in ("direct", "ring"):
+        for proto in ("LL", "LL128"):
+            prog = build(name, t, "allgather", proto=proto)
+            for s in (size, 4 * size):
+                assert simulate(prog, t, s).time_us >= lower_bound(t, "allgather", s, proto=proto), (name, proto, s)
