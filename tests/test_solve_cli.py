@@ -47,6 +47,7 @@ def test_solve_writes_algorithm_with_stage_statistics(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     doc = json.loads((tmp_path / "ndv2-sk-1.algo.json").read_text())
     assert summary["time_us"] == pytest.approx(doc["time_us"])
+    assert summary["elapsed_s"] > 0 and summary["peak_memory_mb"] > 10  # a Python process with HiGHS loaded
     stages = {s["stage"]: s for s in doc["stages"]}
     assert set(stages) == {"routing", "ordering", "contiguity"}
     for key in ("variables", "constraints", "binaries", "time_s", "status", "gap"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..fileio import write_json
-from ..progress import Reporter
+from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import SOLVERS
 
@@ -80,7 +80,8 @@ def run(args) -> int:
     summary = {"name": name, "time_us": algo.time_us, "lower_bound_us": algo.lower_bound_us,
                "inplace": bool(program is not None and program.inplace),
                "ratio": algo.time_us / algo.lower_bound_us if algo.lower_bound_us else None,
-               "transfers": len(algo.transfers), "stages": algo.stages, "notes": algo.notes, "files": written}
+               "transfers": len(algo.transfers), "stages": algo.stages, "notes": algo.notes, "files": written,
+               "elapsed_s": round(report.elapsed(), 3), "peak_memory_mb": round(peak_memory_mb(), 1)}
     if args.json:
         json.dump(summary, sys.stdout, indent=1)
         print()
@@ -89,6 +90,7 @@ def run(args) -> int:
             report(f"wrote {f}")
         for n in algo.notes:
             report(f"note: {n}")
+        report(f"finished in {summary['elapsed_s']:.1f} s, peak memory {summary['peak_memory_mb']:.0f} MiB")
     return 0
 
 
