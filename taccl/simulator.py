@@ -488,6 +488,8 @@ class Simulator:
                         t = _lane_fit(lane, start, duration, tail)
                         if best is None or t < best:
                             best, chosen[k] = t, lane
+                            if t <= start:
+                                break  # no lane does better: the first free one, as a full scan picks
                     if best > start:
                         start, moved = best, True
             end = start + duration
@@ -526,6 +528,8 @@ def _lane_fit(lane, t: float, duration: float, tail: float) -> float:
     transfer: `duration` long, and not ending before `tail`. Gaps between bookings count: a transfer booked
     for later (waiting on another resource) does not hold the lane meanwhile."""
     starts, ends = lane
+    if not ends or ends[-1] <= t:
+        return t  # nothing booked after t (a lane's bookings do not overlap: its ends are sorted too)
     k = bisect_right(starts, t) - 1
     if k >= 0 and ends[k] > t:
         t = ends[k]
