@@ -54,11 +54,16 @@ H100_HIER_FINE_SIX = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2,
 COMPANIONS = {
     "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
     "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
-    # the NDv2 SKU's AllReduce candidates for 8 KiB-1 MiB: sk-2 on two LL channels, the phases in LL128
+    # the NDv2 SKU's AllReduce candidates for 8 KiB-8 MiB: sk-2 on two LL channels, the phases in LL128 at
+    # 256 KiB and in LL / LL128 at 64 KiB (its 8-32 KiB winner), sk-1 in chunks cut in four (its 1-8 MiB winner)
     "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json",
                           {"sketch": "ndv2-sk-2.json", "at": "64K", "protocols": ["LL"], "instances": [2],
                            "fusions": ["auto", "network"]},
-                          {"sketch": "ndv2-hier.json", "at": "256K", "protocols": ["LL128"], "instances": [4]}],
+                          {"sketch": "ndv2-hier.json", "at": "256K", "protocols": ["LL128"], "instances": [4]},
+                          {"sketch": "ndv2-hier.json", "at": "64K", "protocols": ["LL", "LL128"],
+                           "instances": [1, 2]},
+                          {"sketch": "ndv2-sk-1.json", "at": "8M", "chunkup": 4, "protocols": ["LL128"],
+                           "instances": [4]}],
     "2x DGX-2 AllReduce": ["dgx2-direct.json", {"sketch": "dgx2-hier.json", "at": "64K", "protocols": ["LL"],
                                                  "instances": [1]}, DGX2_HIER_ALLREDUCE],
     "2x DGX-2 AllReduce hierarchical": ["dgx2-direct.json", DGX2_HIER_ALLREDUCE],
