@@ -367,7 +367,7 @@ def _fused_steps(prog) -> int:
 
 def _lower_policy(algo, **kw):
     """`taccl.lowering._lower_one` (one fusion policy) with `lower`'s defaults, `kw` over them:
-    (program, whether the last partial sums reduce as they land)."""
+    (program, whether the last partial sums reduce as they land, its instances)."""
     from taccl.lowering import _lower_one
 
     args = dict(instances=None, proto=None, min_bytes=0, max_bytes=0, max_tbs=108, fuse=True, check=True,

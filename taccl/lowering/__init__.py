@@ -148,9 +148,13 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # the candidates are lowered unchecked and proven once ranked, the chosen one first: the others are
     # simulated and dropped
     kw["check"] = False
-    first, direct_last = _lower_one(algorithm, keep_schedule=True, **kw)
-    # the other policies take the first's choice: retrying both for each would repeat a failing lowering
+    first, direct_last, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
+    # the other policies take the first's choices: retrying both ways of reducing the last partial would
+    # repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than the
+    # schedule's (eager fusion pins more connections to a block) would give a program on fewer channels that
+    # costs a lowering and a simulation to lose (16x DGX H100 AllToAll: 9 of its 32 s of lowering)
     kw["direct_lasts"] = (direct_last,)
+    kw["instances"] = instances_kept
     names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
     policies = [_fusion_policy(n, topology) for n in names]
     candidates = {0: first}  # policy index -> its program
@@ -220,7 +224,7 @@ def _ranked(candidates: dict, topology, size: int) -> tuple:
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
                keep_schedule, network_fan_out=0, flag_us=0.0, direct_lasts=None) -> tuple:
-    """(the program, whether converging reductions reduce their last partial as it lands)."""
+    """(the program, whether converging reductions reduce their last partial as it lands, its instances)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
     # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a
@@ -239,7 +243,7 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
             opts.validate()
             ops = algorithm_ops(algorithm, coll, single=n > 1, direct_last=direct_last)
             try:
-                return lower_ops(ops, coll, name=name or algorithm.name, options=opts), direct_last
+                return lower_ops(ops, coll, name=name or algorithm.name, options=opts), direct_last, n
             except UserError as exc:
                 if "runtime's limits" not in str(exc):
                     raise
@@ -380,10 +384,13 @@ def _cap_cnt(ops):
 _PROVEN: dict = {}  # sha256 of the executor-dialect text -> True, for programs this process has proven
 
 
-def _fingerprint(program: Program) -> str:
-    from ..xmlio import program_to_xml
+def _fingerprint(program: Program, text: str | None = None) -> str:
+    """The program's content: sha256 of its executor-dialect text (`text`, when the caller has it)."""
+    if text is None:
+        from ..xmlio import program_to_xml
 
-    return hashlib.sha256(program_to_xml(program, dialect="executor").encode()).hexdigest()
+        text = program_to_xml(program, dialect="executor")
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def verify_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None,
@@ -414,11 +421,13 @@ def write_program(program: Program, path, dialect: str = "executor"):
 
     The check is skipped only for a program whose exact content this process has already proven.
     """
-    from ..xmlio import write_program as _write
+    from ..fileio import atomic_write
+    from ..xmlio import program_to_xml
 
-    if not (dialect == "executor" and _PROVEN.get(_fingerprint(program))):
+    text = program_to_xml(program, dialect=dialect)  # serialized once: fingerprinted, then written
+    if not (dialect == "executor" and _PROVEN.get(_fingerprint(program, text))):
         report = verify_program(program, dialect=dialect)
         if not report.ok:
             first = "\n".join(str(f) for f in report.errors[:10])
             raise CheckFailed(f"{path}: not written, the program fails {len(report.errors)} check(s):\n{first}")
-    return _write(program, path, dialect=dialect)
+    return atomic_write(path, text)
