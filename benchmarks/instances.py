@@ -28,7 +28,11 @@ INSTANCES = [
     ("2x DGX-2 AllReduce hierarchical", "dgx2-hier.json", "allreduce", None, "core", None),
     ("8x NDv2 AllGather (64 GPUs)", "ndv2-n8.json", None, None, "scale", None),
     ("16x DGX A100 AllGather (128 GPUs)", "dgx-a100-n16.json", None, None, "scale", None),
+    ("16x DGX H100 AllGather hierarchical (128 GPUs)", "dgx-h100-hier.json", None, None, "scale", 16),
+    ("16x DGX H100 ReduceScatter hierarchical (128 GPUs)", "dgx-h100-hier.json", "reducescatter", None, "scale",
+     16),
     ("16x DGX H100 AllReduce hierarchical (128 GPUs)", "dgx-h100-hier.json", "allreduce", None, "scale", 16),
+    ("16x DGX H100 AllToAll hierarchical (128 GPUs)", "dgx-h100-hier.json", "alltoall", None, "scale", 16),
     ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch", None),
 ]
 

@@ -218,7 +218,7 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
     t0 = time.monotonic()
     depth = Proto(prob.proto).fifo_depth
     turns = rotation_turns(tasks, topo.spec.gpus_per_node, topo.nodes, chunk_targets(coll))
-    sched = best_schedule(tasks, prob.lanes, depth, turns)
+    sched = best_schedule(tasks, prob.lanes, depth, turns, report=report)
     run.stages.append({"stage": "ordering", "tasks": len(tasks), "time_s": round(time.monotonic() - t0, 3),
                        "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us})
     report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")

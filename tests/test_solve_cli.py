@@ -1,5 +1,6 @@
 """`taccl solve` end to end, every shipped sketch and topology, and every bad input's message."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,35 @@ def test_solved_program_serves_in_place_calls_when_proven(tmp_path, capsys):
     rc = main(["solve", str(ROOT / "sketches" / "ndv2-single.json"), "--collective", "alltoall", "--json",
                "-o", str(tmp_path), "--time-limit", "5"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["inplace"] is False
+
+
+def test_solve_reports_what_each_long_stage_is_doing(tmp_path, capsys):
+    rc = main(["solve", str(ROOT / "sketches" / "ndv2-single.json"), "-o", str(tmp_path)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    for line in ("routing:", "ordering:", "lowering: 1/3 fusion policies (33%), about", "lowering: proving the "
+                 "fastest (fusion policy", "proving it for in-place calls", "finished in"):
+        assert line in err, line
+
+
+def test_a_progress_meter_estimates_the_time_left_from_the_pace_so_far():
+    import io
+    import time
+
+    from taccl.progress import Reporter
+
+    out = io.StringIO()
+    meter = Reporter(stream=out).progress("ordering", 400, "transfers", every_s=0)
+    meter.update(0)  # nothing done: no pace to estimate from
+    time.sleep(0.2)
+    meter.update(100)
+    meter.update(400)  # done: the stage's own line says so
+    lines = out.getvalue().splitlines()
+    # 300 transfers left at the pace of 100 in (at least) 0.2 s: (at least) 0.6 s, printed rounded
+    assert len(lines) == 1 and re.search(r"ordering: 100/400 transfers \(25%\), about [1-9]\d* s left", lines[0])
+    quiet = Reporter(quiet=True, stream=out).progress("x", 2, "items", every_s=0)
+    quiet.update(1)
+    assert out.getvalue().splitlines() == lines
+    slow = Reporter(stream=out).progress("x", 2, "items", every_s=60)
+    slow.update(1)  # not a minute yet
+    assert out.getvalue().splitlines() == lines

@@ -100,7 +100,8 @@ def _lower(algo, args, report):
     report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
     # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
     topology = algo.load_topology()
-    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology.spec))
+    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology.spec), report=report)
+    report("proving it for in-place calls (input and output aliased)")
     if serve_inplace(program):
         report("the program also serves in-place calls (proven with input and output aliased)")
     return program

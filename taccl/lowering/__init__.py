@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import CheckFailed, UserError
 from ..program import MAX_NODES, Program, Proto
+from ..progress import SILENT
 from .buffers import algorithm_ops
 from .emit import MAX_DEPID, check_limits, compact_scratch, emit
 from .fusion import fuse
@@ -101,7 +102,7 @@ def _fusion_policy(name: str, topology) -> dict:
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None,
-          fusion: str = "auto") -> Program:
+          fusion: str = "auto", report=SILENT) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
     `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
@@ -130,6 +131,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
+    Progress (each policy lowered, the ranking, the proof) goes to `report`.
     """
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
               fuse=fuse, check=check, name=name)
@@ -148,6 +150,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # the candidates are lowered unchecked and proven once ranked, the chosen one first: the others are
     # simulated and dropped
     kw["check"] = False
+    names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
+    progress = report.progress("lowering", len(names), "fusion policies", every_s=0)
     first, direct_last, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choices: retrying both ways of reducing the last partial would
     # repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than the
@@ -155,11 +159,11 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # costs a lowering and a simulation to lose (16x DGX H100 AllToAll: 9 of its 32 s of lowering)
     kw["direct_lasts"] = (direct_last,)
     kw["instances"] = instances_kept
-    names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
     policies = [_fusion_policy(n, topology) for n in names]
     candidates = {0: first}  # policy index -> its program
     seen = {_fingerprint(first)}
     for k, policy in enumerate(policies[1:], 1):
+        progress.update(k)
         try:
             program = _lower_one(algorithm, **{**kw, **policy})[0]
         except UserError:
@@ -170,9 +174,14 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
             candidates[k] = program
     proven = set()  # policies lowered again with each fusion mode proven
     while True:
+        if len(candidates) > 1:
+            report(f"lowering: {len(candidates)} distinct programs, ranked on the simulator")
         best, deadlocked = _ranked(candidates, topology, algorithm.input_size_bytes)
         retry = deadlocked - proven if check else set()
         if not retry:
+            if check and best not in proven:
+                report(f"lowering: proving the fastest (fusion policy {names[best]!r}, "
+                       f"{candidates[best].nsteps} steps)")
             if not check or best in proven or verify_program(candidates[best]).ok:
                 return candidates[best]
             retry = {best}
