@@ -279,7 +279,7 @@ def fit(rows, predictor, base_docs, max_evals: int = 600, only: list | None = No
     t0 = time.monotonic()
     bounds = [(math.log(a), math.log(b)) for a, b in zip(lo, hi)]
     x = [min(max(v, a), b) for v, (a, b) in zip(start, bounds)]
-    # derivative-free: lane counts (round(B / c)) and the fastest-protocol choice make the error stepwise
+    # derivative-free: lane counts (floor(B / c)) and the fastest-protocol choice make the error stepwise
     # small first steps (10% in each parameter): a refinement of the file's values, not a global search
     res = minimize(lambda v: sum(r * r for r in residuals(v)), x, method="Powell", bounds=bounds,
                    options={"maxfev": max_evals, "xtol": 0.01, "ftol": 1e-4, "direc": 0.1 * np.eye(len(x))})

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .collectives import Collective
 from .errors import UserError
 from .sketch import Sketch
-from .topology import Topology, lanes_and_rate
+from .topology import Topology, lane_capacity, lanes_and_rate
 
 MAX_GROUP_ORDER = 1 << 16
 
@@ -66,14 +66,15 @@ class Problem:
     def path_cost(self, src: int, dst: int, *, internode_split: float = 1.0) -> tuple:
         """(alpha, beta of one chunk, resources, lanes, physical link, the sender's share of alpha) of the
         physical path src -> dst under the problem's protocol and instance count, as the simulator grades it:
-        each shared resource carries `topology.lanes_and_rate` thread blocks at once, and a chunk moves on
-        `instances` blocks (one per copy of the program), so it fills min(instances, lanes) lanes; the
-        resource's capacity (its lanes' sum) is then shared the same way among chunks. Where one block's limit
-        does not divide the bandwidth, that capacity is all a program gets (one NVLink2 brick of NDv2 in
-        Simple: one lane of 14.9 of its 20.7 GB/s)."""
+        each shared resource carries `topology.lane_capacity` thread blocks at once (the last one may get a
+        part of a block's rate), and a chunk moves on `instances` blocks (one per copy of the program), so it
+        fills min(instances, lanes) lanes; the resource's capacity (its lanes' sum) is then shared the same
+        way among chunks (`topology.lanes_and_rate`: a whole number of them). One NVLink2 brick of NDv2 in
+        Simple: a block gets 14.9 of its 20.7 GB/s, a chunk on two or more blocks all of it."""
         phys = self.topology.link(src, dst)
         cost = phys.type.cost(self.proto)
-        lanes, rate = lanes_and_rate(cost.bw_GBps / internode_split, cost.tb_bw_GBps)
+        full, partial, rate = lane_capacity(cost.bw_GBps / internode_split, cost.tb_bw_GBps)
+        lanes = full + partial  # the resource's capacity in blocks (the simulator's last lane may be partial)
         chunk_lanes, chunk_rate = lanes_and_rate(lanes * rate, min(self.instances, lanes) * rate)
         return (cost.alpha_us, self.chunk_bytes / (chunk_rate * 1000.0), phys.resources, chunk_lanes, phys,
                 cost.busy_us)

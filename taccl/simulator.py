@@ -13,9 +13,12 @@ Model (alpha-beta with contention, the runtime's execution rules, calibrated cos
   block and every resource of the link (the direct link, the switch out- and in-ports, the NICs) for
   ``bytes / rate``; the rest of alpha is in flight (LL's flags, the network), so a block can stream
   consecutive steps and the latencies of concurrent sends overlap while their data shares the bandwidth. A
-  resource of bandwidth B whose link limits one thread block to c (``tb_bw_GBps``) carries ``round(B / c)``
-  transfers at once, each at ``min(c, B / lanes)``: one block cannot fill an NVLink4 port, many channels
-  can. Without a limit a resource carries one transfer at a time at B. Transfers are granted first come,
+  resource of bandwidth B whose link limits one thread block to c (``tb_bw_GBps``) has ``floor(B / c)``
+  lanes of c and a last, partial lane of the rest (``topology.lane_capacity``): one block cannot fill an
+  NVLink4 port, many channels can, and one NVLink2 brick of 1.39 blocks gives a block c and a second block
+  the other 0.39 c. A transfer that would wait for a full lane takes a partial one when that ends it no
+  later (the full lanes of its other resources are then booked for the time their share of it takes).
+  Without a limit a resource carries one transfer at a time at B. Transfers are granted first come,
   first served by ready time, each at the earliest time every resource of its link has a lane free for
   its whole duration, gaps between earlier bookings included: a transfer booked for later, because
   another of its resources is busy, does not hold a lane idle meanwhile (it did: a 16x DGX A100
@@ -52,7 +55,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import CheckFailed, UserError
 from .program import Program, Proto, StepType
-from .topology import DEFAULT_ALPHA_FACTOR, DEFAULT_BW_FACTOR, ProtoCost, lanes_and_rate
+from .topology import DEFAULT_ALPHA_FACTOR, DEFAULT_BW_FACTOR, ProtoCost, lane_capacity
 
 __all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TIE_TOLERANCE", "TILE_BYTES",
            "PROTO_BW_FACTOR", "PROTO_ALPHA_FACTOR", "Simulator"]
@@ -215,7 +218,8 @@ class Simulator:
         self.conn_sender, self.conn_receiver, self.conn_alpha, self.conn_bpus, self.conn_res = [], [], [], [], []
         self.conn_busy = []
         res_ids = {}
-        self.res_lanes = []
+        self.res_lanes = []  # full lanes per resource
+        self.res_partial = []  # the share of a full lane's rate that its last, partial lane carries (0: none)
         for (src, dst, chan), c in sorted(conn_of.items(), key=lambda kv: kv[1]):
             sg, rg = conns[c][0], conns[c][1]
             if (sg is None or self.nsend[sg] == 0) and (rg is None or self.nrecv[rg] == 0):
@@ -242,15 +246,17 @@ class Simulator:
                 raise UserError(f"rank {src} tb {self.where[sg][1]} step {step}: sends to rank {dst}, but topology "
                                 f"{self.topo.name!r} has no link {src}->{dst}")
             cost = self._cost(link)
-            lanes, rate = lanes_and_rate(cost.bw_GBps, cost.tb_bw_GBps)
+            lanes, partial, rate = lane_capacity(cost.bw_GBps, cost.tb_bw_GBps)
             ids = []
             for res in link.resources:
                 rid = res_ids.get(res)
                 if rid is None:
                     rid = res_ids[res] = len(self.res_lanes)
                     self.res_lanes.append(lanes)
-                else:  # a resource shared by links of other costs: the most restrictive lane count
-                    self.res_lanes[rid] = min(self.res_lanes[rid], lanes)
+                    self.res_partial.append(partial)
+                elif lanes + partial < self.res_lanes[rid] + self.res_partial[rid]:
+                    # a resource shared by links of other costs: the most restrictive lanes
+                    self.res_lanes[rid], self.res_partial[rid] = lanes, partial
                 ids.append(rid)
             self.conn_sender.append(sg)
             self.conn_receiver.append(rg)
@@ -327,7 +333,7 @@ class Simulator:
                     d = n * tile_bytes / self.conn_bpus[c]
                     t += self.conn_busy[c] + d
                     for r in self.conn_res[c]:
-                        busy[r] += d / self.res_lanes[r]
+                        busy[r] += d / (self.res_lanes[r] + self.res_partial[r])
                 elif k & _LOCAL:
                     t += n * tile_bytes / self.local_bpus * self.local_cost[G][i]
             tb_busy = max(tb_busy, t)
@@ -360,6 +366,8 @@ class Simulator:
         recv_done = [[] for _ in range(self.nconn)]
         # the lanes of each resource, each its booked intervals as sorted (starts, ends)
         lanes = [[([], []) for _ in range(n)] for n in self.res_lanes]
+        partial = self.res_partial
+        partial_lane = [([], []) if f else None for f in partial]
         fin = {}
         dep_waiters = {}
         iter_finish = [0.0] * T
@@ -477,29 +485,26 @@ class Simulator:
             if fwd_after[G]:
                 tail = fwd_after[G] + sl / rate  # the last incoming slice, forwarded
                 fwd_after[G] = 0.0
-            # the earliest time every resource has a lane free for the whole transfer, gaps included
-            chosen = [None] * len(res)
-            moved = True
-            while moved:
-                moved = False
-                for k, r in enumerate(res):
-                    best = None
-                    for lane in lanes[r]:
-                        t = _lane_fit(lane, start, duration, tail)
-                        if best is None or t < best:
-                            best, chosen[k] = t, lane
-                            if t <= start:
-                                break  # no lane does better: the first free one, as a full scan picks
-                    if best > start:
-                        start, moved = best, True
-            end = start + duration
+            # the earliest time every resource has a full lane free for the whole transfer, gaps included;
+            # when it has to wait, a resource's partial lane may finish it sooner at that lane's rate (the
+            # full lanes it holds meanwhile are booked for the time their share of the bytes takes)
+            ready_at = start
+            start, chosen = _fit([(lanes[r], duration, None) for r in res], start, tail)
+            if start > ready_at and any(partial[r] for r in res):
+                start_p, chosen_p = _fit([(lanes[r], duration, (partial_lane[r], duration / partial[r])
+                                           if partial[r] else None) for r in res], ready_at, tail)
+                if start_p + max(d for _, d in chosen_p) <= start + duration:
+                    start, chosen = start_p, chosen_p
+            slowest = max(d for _, d in chosen) if chosen else duration
+            end = start + slowest
             if tail > end:
                 end = tail
-            for lane in chosen:
+            rate = nbytes / slowest if slowest > 0 else rate
+            for lane, d in chosen:
                 starts, ends = lane
                 k = bisect_right(starts, start)
                 starts.insert(k, start)
-                ends.insert(k, end)
+                ends.insert(k, max(start + d, tail))
             transfers += 1
             arrivals[c].append(end + flight)
             fs = start + sl / rate
@@ -521,6 +526,32 @@ class Simulator:
             if iter_finish[x] < iter_finish[x - 1]:
                 iter_finish[x] = iter_finish[x - 1]
         return iter_finish, transfers
+
+
+def _fit(candidates, start: float, tail: float) -> tuple:
+    """(the earliest time >= start at which every resource has a lane free for the transfer, the (lane, how
+    long the transfer holds it) taken on each). `candidates`, per resource: (its full lanes, the time on
+    one, None or (its partial lane, the time on it)). A resource that makes the transfer wait pushes the
+    start, and the others are asked again."""
+    chosen = [None] * len(candidates)
+    moved = True
+    while moved:
+        moved = False
+        for k, (full, duration, slow) in enumerate(candidates):
+            best = None
+            for lane in full:
+                t = _lane_fit(lane, start, duration, tail)
+                if best is None or t < best:
+                    best, chosen[k] = t, (lane, duration)
+                    if t <= start:
+                        break  # no lane does better: the first free one, as a full scan picks
+            if slow is not None and best > start:
+                t = _lane_fit(slow[0], start, slow[1], tail)
+                if t < best:
+                    best, chosen[k] = t, slow
+            if best > start:
+                start, moved = best, True
+    return start, chosen
 
 
 def _lane_fit(lane, t: float, duration: float, tail: float) -> float:

@@ -75,12 +75,30 @@ class ProtoCost:
 
 
 def lanes_and_rate(bw_GBps: float, tb_bw_GBps: float | None) -> tuple:
-    """How a shared resource of bandwidth B serves thread blocks limited to c: (transfers it carries at once,
-    GB/s each) = round(B / c) lanes of min(c, B / lanes); one lane of B without a limit."""
+    """A whole number of equal lanes for a resource of bandwidth B shared by thread blocks limited to c (the
+    solver's model: `Problem.path_cost`): (lanes, GB/s each) = round(B / c) lanes of min(c, B / lanes); one
+    lane of B without a limit. The simulator's lanes are `lane_capacity`'s."""
     if tb_bw_GBps is None or tb_bw_GBps >= bw_GBps:
         return 1, bw_GBps
     lanes = max(1, int(bw_GBps / tb_bw_GBps + 0.5))
     return lanes, min(tb_bw_GBps, bw_GBps / lanes)
+
+
+# a resource's last, partial lane is modelled when it carries at least this fraction of a block's rate
+MIN_PARTIAL_LANE = 0.1
+
+
+def lane_capacity(bw_GBps: float, tb_bw_GBps: float | None) -> tuple:
+    """How the simulator serves thread blocks limited to c on a shared resource of bandwidth B: (full lanes,
+    the last lane's share of c, GB/s of a full lane) = floor(B / c) lanes of c and one of B - floor(B / c) c
+    (dropped below `MIN_PARTIAL_LANE`), so that one block gets c and enough blocks get all of B; one lane
+    of B without a limit."""
+    if tb_bw_GBps is None or tb_bw_GBps >= bw_GBps:
+        return 1, 0.0, bw_GBps
+    lanes = bw_GBps / tb_bw_GBps
+    full = int(lanes + 0.02)  # a lane short of a full one by a rounding of the calibration counts as full
+    partial = lanes - full
+    return full, (partial if partial >= MIN_PARTIAL_LANE else 0.0), tb_bw_GBps
 
 
 @dataclass(frozen=True)

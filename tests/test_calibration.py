@@ -49,6 +49,20 @@ def test_one_block_cannot_fill_an_nvlink4_port_but_channels_can():
     assert many.busbw_GBps > 10 * one.busbw_GBps  # 32 channels: close to the port
 
 
+def test_a_port_that_one_block_cannot_fill_serves_one_block_at_its_rate_and_more_blocks_at_the_port_s():
+    # a port of 1.5 blocks' bandwidth: one channel moves at one block's rate, four fill the port (its last
+    # lane carries half a block's rate); rounded to two lanes of 0.75 block each, one channel lost a quarter
+    doc = calibrated()
+    simple = doc["link_types"]["nvswitch"]["protocols"]["Simple"]
+    simple["bw_GBps"] = simple["tb_bw_GBps"] * 1.5
+    topo = Topology(spec_from_dict(doc), 1)
+    size = 256 << 20
+    one, four = (Simulator(build("ring", topo, "allgather", instances=n, max_tbs=132), topo).run(size).busbw_GBps
+                 for n in (1, 4))
+    assert 0.9 * simple["tb_bw_GBps"] <= one <= 1.01 * simple["tb_bw_GBps"]
+    assert 0.9 * simple["bw_GBps"] <= four <= 1.01 * simple["bw_GBps"]
+
+
 def test_call_cost_and_latency_dominate_tiny_messages():
     topo = Topology(load_spec("dgx-h100"), 1)
     prog = build("direct", topo, "allgather", proto="LL", max_tbs=132)
