@@ -151,7 +151,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # simulated and dropped
     kw["check"] = False
     names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
-    progress = report.progress("lowering", len(names), "fusion policies", every_s=0)
+    # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
+    progress = report.progress("lowering", len(names), "fusion policies", every_s=2.0)
     first, direct_last, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choices: retrying both ways of reducing the last partial would
     # repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than the
