@@ -51,10 +51,10 @@ DGX2_HIER_ALLGATHER = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 4, "p
                        "instances": [2]}
 DGX2_HIER_ALLREDUCE = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                        "instances": [2]}
-# The H100 SKU's 16 MiB candidate: halved chunks on six thread blocks per connection, whose per-step
-# latencies overlap more than on four.
-H100_HIER_FINE_SIX = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
-                      "instances": [6]}
+# The H100 SKU's 16 MiB candidate: halved chunks on six or eight thread blocks per connection, whose
+# per-step latencies overlap more than on four.
+H100_HIER_FINE = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
+                  "instances": [6, 8]}
 COMPANIONS = {
     "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
     "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
@@ -71,9 +71,9 @@ COMPANIONS = {
     "2x DGX-2 AllReduce": ["dgx2-direct.json", {"sketch": "dgx2-hier.json", "at": "64K", "protocols": ["LL"],
                                                  "instances": [1]}, DGX2_HIER_ALLREDUCE],
     "2x DGX-2 AllReduce hierarchical": ["dgx2-direct.json", DGX2_HIER_ALLREDUCE],
-    "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json", "dgx-h100-rail.json", H100_HIER_FINE_SIX],
+    "2x DGX H100 AllGather hierarchical": ["dgx-h100-direct.json", "dgx-h100-rail.json", H100_HIER_FINE],
     "2x DGX H100 AllReduce hierarchical": ["dgx-h100-one-shot.json", "dgx-h100-hier-one-shot.json",
-                                           "dgx-h100-direct.json", "dgx-h100-rail.json", H100_HIER_FINE_SIX],
+                                           "dgx-h100-direct.json", "dgx-h100-rail.json", H100_HIER_FINE],
     "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
     "2x NDv2 AllToAll sk-1": ["ndv2-sk-2.json"],
     "2x DGX-2 AllToAll": ["dgx2-direct.json"],
