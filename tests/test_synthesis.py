@@ -210,3 +210,30 @@ def test_the_solver_costs_a_path_as_the_simulator_serves_it():
     topo = algo.load_topology()
     simulated = Simulator(lower(algo, topology=topo), topo).run(algo.input_size_bytes).time_us
     assert lower_bound(topo, "alltoall", algo.input_size_bytes) <= simulated <= 1.10 * algo.time_us
+
+
+@pytest.mark.parametrize("sketch,collective,nodes", [("dgx2-sk-1.json", None, None),
+                                                     ("dgx-h100-hier.json", "allreduce", 4),
+                                                     ("ndv2-single.json", "alltoall", None)])
+def test_bandwidth_rows_summed_per_resource_orbit_are_every_chunks_rows(monkeypatch, sketch, collective, nodes):
+    # the routing sums one resource per orbit under the sketch's symmetry; summing every chunk's every
+    # candidate link (the fallback, when the group does not map resources to resources) gives the same rows
+    import taccl.routing as routing
+    from taccl.sketch import load_sketch
+
+    found = []
+    by_orbit = routing.bandwidth_rows
+
+    def both(prob, orbits, spaces, xvar):
+        rows = by_orbit(prob, orbits, spaces, xvar)
+        assert routing._resource_orbit_reps(prob, orbits, [routing.resource_loads(prob, l) for l in prob.links])
+        with monkeypatch.context() as m:
+            m.setattr(routing, "_resource_orbit_reps", lambda *a: None)
+            found.append((rows, by_orbit(prob, orbits, spaces, xvar)))
+        return rows
+
+    monkeypatch.setattr(routing, "bandwidth_rows", both)
+    root = Path(__file__).resolve().parent.parent
+    synthesize(load_sketch(root / "sketches" / sketch), collective=collective, nodes=nodes,
+               options=SynthesisOptions(time_limit_s=10, threads=1))
+    assert found and all(rows and rows == every for rows, every in found)
