@@ -720,3 +720,13 @@ def test_the_block_limit_is_the_topologys_sm_count():
     assert max_tbs_of(load_topology("dgx-h100", 2).spec) == 132
     assert max_tbs_of(load_topology("ndv2", 1).spec) == 80
     assert max_tbs_of(None) == DEFAULT_MAX_TBS == 108
+
+
+def test_a_rank_with_more_peers_than_blocks_is_refused_before_any_build(monkeypatch):
+    # the inner ranks of a 4-rank line send to both neighbours: a block per peer cannot fit one block, and
+    # the lowering says so without building a program (on 1024 ranks a build took minutes)
+    import taccl.lowering as lowering
+
+    monkeypatch.setattr(lowering, "_build", lambda *a, **k: pytest.fail("built a program"))
+    with pytest.raises(UserError, match=r"rank 1 has 2 peers on one side .*: 2 thread blocks > 1 \(--max-tbs"):
+        lower(alltoall_line(4), instances=1, max_tbs=1)

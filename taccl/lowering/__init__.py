@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import math
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -274,6 +275,13 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     ops = _cap_cnt(ops)
     # a block others wait on needs an id <= 127 (int8): past 128 blocks that cannot hold for every target
     per_instance_tbs = max(1, min(opts.max_tbs, MAX_DEPID + 1) // N)
+    # a block has one send peer and one receive peer: a rank with more peers on one side than the blocks
+    # allow cannot be lowered at all (checked before building: on 1024 ranks a build takes minutes)
+    rank, peers = _most_peers(ops)
+    if peers * N > opts.max_tbs:
+        raise UserError(f"cannot lower {name!r} within the runtime's limits: rank {rank} has {peers} peers on one "
+                        f"side (send or receive), a thread block each per instance: {peers * N} thread blocks > "
+                        f"{opts.max_tbs} (--max-tbs, the SMs that must hold every block at once)")
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
     # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
     modes = ["natural", "safe", None] if opts.fuse else [None]
@@ -323,6 +331,17 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     if not last_problems and opts.network_fan_out:
         raise UserError(f"lowering {name!r}: no fan-out leaves a node, nothing for network_fan_out to fuse")
     raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
+
+
+def _most_peers(ops) -> tuple:
+    """(rank, count): the rank with the most distinct peers it sends to, or receives from."""
+    sends, recvs = defaultdict(set), defaultdict(set)
+    for op in ops:
+        if op.src_rank != op.dst_rank:
+            sends[op.src_rank].add(op.dst_rank)
+            recvs[op.dst_rank].add(op.src_rank)
+    return max(((r, len(p)) for side in (sends, recvs) for r, p in side.items()), key=lambda rp: (rp[1], -rp[0]),
+               default=(0, 0))
 
 
 @contextmanager
