@@ -5,10 +5,11 @@ synthesized (`taccl.synthesize.synthesize`) in every protocol and instance count
 SKU's batch does (64 KiB and 16 MiB by default, plus the instance's own size; at the largest also with each
 chunk cut in two), and so are the instance's companions (`instances.COMPANIONS`: the one-shot and one-hop
 sketches for small messages and the rail-aligned one for the largest that the SKUs synthesize beside it, each
-at its own input size, and the hierarchical sketches in the variants that suit large messages). Each program is lowered (`taccl.lowering.lower`, proven) and simulated
-(`taccl.simulator`, the calibrated model) at sizes 1 KiB to 1 GiB, as is every applicable baseline
-(`taccl.baselines`: NCCL's rings and trees, the all-pairs and one-shot programs MSCCL ships, hierarchical and
-two-step; every protocol, 1 and 4 instances, no executor step limit). Printed per instance and size: the
+at its own input size, and the hierarchical sketches in the variants that suit large messages). Each program is
+lowered (`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the calibrated model) at sizes
+1 KiB to 1 GiB, as is every applicable baseline (`taccl.baselines`: NCCL's rings and trees, the all-pairs and
+one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and 4 instances, no executor step
+limit). Printed per instance and size: the
 fastest of each side, the optimum (the lower bound; for AllReduce the reduce-scatter plus all-gather optimum),
 the speedup, and whether the size meets the target of `taccl.batch.selection` (no slower than the best
 baseline, and 1.1x faster than it or within 1.1x of the optimum).

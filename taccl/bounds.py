@@ -289,9 +289,8 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
     ingress = egress = 0.0
     for node in range(topology.nodes) if rooted else [0]:
         for group in groups:
-            ranks = [node * g + x for x in group]
-            vin = sum(rank_volumes(c, R, size_bytes, r, root)[0] for r in ranks)
-            vout = sum(rank_volumes(c, R, size_bytes, r, root)[1] for r in ranks)
+            volumes = [rank_volumes(c, R, size_bytes, node * g + x, root) for x in group]
+            vin, vout = sum(v for v, _ in volumes), sum(v for _, v in volumes)
             ingress = max(ingress, _port_bound(vin, {k: v for x in group for k, v in ins[x].items()}))
             egress = max(egress, _port_bound(vout, {k: v for x in group for k, v in outs[x].items()}))
     cut = 0.0

@@ -241,7 +241,7 @@ def bandwidth_rows(prob, orbits, spaces, xvar) -> list:
     it and every chunk: on 128 DGX H100 nodes 10 resources instead of every chunk's 7168 candidate links.
     Otherwise every chunk's every candidate link is summed."""
     loads = [resource_loads(prob, l) for l in prob.links]
-    reps = _resource_orbit_reps(prob, orbits, loads)
+    reps = orbits.resource_orbit_reps(loads)
     rows = defaultdict(lambda: defaultdict(float))
     if reps is None:
         for c in range(prob.collective.num_chunks):
@@ -271,38 +271,6 @@ def bandwidth_rows(prob, orbits, spaces, xvar) -> list:
             seen.add(row)
             out.append(row)
     return out
-
-
-def _resource_orbit_reps(prob, orbits, loads) -> set | None:
-    """The least (by repr) resource of each orbit under the group, or None when a generator does not map
-    resources to resources (a link's image shares its resources with other links than their images do)."""
-    parent = {}
-
-    def find(a):
-        while parent.setdefault(a, a) != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for g in prob.generators:
-        image = {}
-        for li, pairs in enumerate(loads):
-            other = loads[orbits.image_link(g, li)]
-            if len(other) != len(pairs):
-                return None
-            for (res, busy), (res_g, busy_g) in zip(pairs, other):
-                if image.setdefault(res, res_g) != res_g or abs(busy - busy_g) > 1e-9 * max(1.0, busy):
-                    return None
-                a, b = find(res), find(res_g)
-                if a != b:
-                    parent[a] = b
-    best = {}
-    for pairs in loads:
-        for res, _ in pairs:
-            root = find(res)
-            if root not in best or repr(res) < repr(best[root]):
-                best[root] = res
-    return set(best.values())
 
 
 def _build_model(prob, orbits, spaces, ub, start):

@@ -51,18 +51,53 @@ class Orbits:
         return r, x
 
     def link_orbit_reps(self) -> list:
-        """One link per orbit of links under the group (union-find over the generators' images)."""
-        parent = list(range(len(self.prob.links)))
-
-        def find(a):
-            while parent[a] != a:
-                parent[a] = parent[parent[a]]
-                a = parent[a]
-            return a
-
+        """One link per orbit of links under the group, the least index (union-find over the generators'
+        images)."""
+        sets = _DisjointSets()
         for g in self.prob.generators:
             for li in range(len(self.prob.links)):
-                a, b = find(li), find(self.image_link(g, li))
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-        return sorted({find(li) for li in range(len(self.prob.links))})
+                sets.union(li, self.image_link(g, li))
+        return sorted(min(s) for s in sets.groups(range(len(self.prob.links))))
+
+    def resource_orbit_reps(self, loads) -> set | None:
+        """The least (by repr) resource of each orbit under the group, `loads` giving each link's (resource,
+        busy time) pairs in a fixed order; None when a generator does not map resources to resources (a
+        link's image shares its resources with other links than their images do)."""
+        sets = _DisjointSets()
+        for g in self.prob.generators:
+            image = {}
+            for li, pairs in enumerate(loads):
+                other = loads[self.image_link(g, li)]
+                if len(other) != len(pairs):
+                    return None
+                for (res, busy), (res_g, busy_g) in zip(pairs, other):
+                    if image.setdefault(res, res_g) != res_g or abs(busy - busy_g) > 1e-9 * max(1.0, busy):
+                        return None
+                    sets.union(res, res_g)
+        return {min(s, key=repr) for s in sets.groups(res for pairs in loads for res, _ in pairs)}
+
+
+class _DisjointSets:
+    """Union-find over hashable items (path halving)."""
+
+    def __init__(self):
+        self.parent = {}
+
+    def find(self, a):
+        parent = self.parent
+        while parent.setdefault(a, a) != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    def union(self, a, b):
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            self.parent[a] = b
+
+    def groups(self, items) -> list:
+        """The sets of `items`, each a list."""
+        out = {}
+        for a in items:
+            out.setdefault(self.find(a), []).append(a)
+        return list(out.values())

@@ -226,9 +226,9 @@ def test_bandwidth_rows_summed_per_resource_orbit_are_every_chunks_rows(monkeypa
 
     def both(prob, orbits, spaces, xvar):
         rows = by_orbit(prob, orbits, spaces, xvar)
-        assert routing._resource_orbit_reps(prob, orbits, [routing.resource_loads(prob, l) for l in prob.links])
+        assert orbits.resource_orbit_reps([routing.resource_loads(prob, l) for l in prob.links])
         with monkeypatch.context() as m:
-            m.setattr(routing, "_resource_orbit_reps", lambda *a: None)
+            m.setattr(orbits, "resource_orbit_reps", lambda loads: None)
             found.append((rows, by_orbit(prob, orbits, spaces, xvar)))
         return rows
 
