@@ -2,9 +2,9 @@
 
 Input: tasks (one chunk over one link, copy or reduce, with the tasks whose arrival it needs). Whenever a
 task's data is ready, it competes for its resources; the task that can start earliest (to the picosecond)
-goes first, ties broken by TACCL's heuristics (section 5, appendix B.2): longest remaining path first, then shortest path
-travelled so far (or the reverse, `variant="travelled"`). Both variants are tried and the shorter schedule
-kept.
+goes first, ties broken by TACCL's heuristics (section 5, appendix B.2): longest remaining path first, then
+shortest path travelled so far (or the reverse, `variant="travelled"`). Both variants are tried and the
+shorter schedule kept.
 
 Resource model (the simulator's, `taccl.simulator`): a task holds its link's *connection* (src, dst), one
 thread block in the lowered program, for the sender's share of its latency alpha, then for its data

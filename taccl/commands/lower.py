@@ -10,7 +10,7 @@ from pathlib import Path
 from ..algorithm import Algorithm
 from ..errors import UserError
 from ..fileio import load_json
-from ..lowering import DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
+from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
 from ..units import parse_size
 from ..xmlio import DIALECTS
 
@@ -35,7 +35,8 @@ def register(subparsers) -> None:
                    help="which receives fuse with their forwarding sends: schedule (where the solver's schedule "
                         "allows), eager (wherever the rules allow), none, network (eager, plus a fan-out's send "
                         "that leaves the node; several nodes only), or auto (default: the fastest of them at the "
-                        "algorithm's input size, on its topology)")
+                        "algorithm's input size, on its topology; the schedule's alone above "
+                        f"{AUTO_POLICIES_MAX_TRANSFERS} transfers)")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 

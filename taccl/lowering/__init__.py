@@ -87,6 +87,9 @@ class LoweringOptions:
 # named fusion policies (`lower`'s `fusion`, `taccl lower --fusion`, a SKU's `fusion` variant); "auto" lowers
 # every one that applies and keeps the fastest at the algorithm's input size
 FUSION_POLICIES = ("auto", "schedule", "eager", "none", "network")
+# above this many transfers "auto" lowers the schedule's policy alone: each policy's build takes minutes there
+# (64x DGX H100 AllToAll, 487424 transfers: 97, 214, 72 and 40 s, then a simulation of each distinct program)
+AUTO_POLICIES_MAX_TRANSFERS = 100_000
 
 
 def _fusion_policy(name: str, topology) -> dict:
@@ -122,7 +125,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. The candidates
     are lowered unchecked and only that one is proven (on 16 nodes a proof takes seconds); a policy whose
     program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling
-    back to the next mode) and the candidates are ranked again. Without a topology the schedule is kept.
+    back to the next mode) and the candidates are ranked again. Without a topology, or above
+    `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is the only one lowered.
 
     `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
     "eager" (False), "none" (fuse=False) or "network" (eager plus the fan-outs whose send leaves the node;
@@ -152,6 +156,10 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # simulated and dropped
     kw["check"] = False
     names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
+    if len(algorithm.transfers) > AUTO_POLICIES_MAX_TRANSFERS:
+        report(f"lowering: {len(algorithm.transfers)} transfers > {AUTO_POLICIES_MAX_TRANSFERS}: only the "
+               f"schedule's fusion policy (`taccl lower --fusion` lowers another)")
+        names = names[:1]
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
     progress = report.progress("lowering", len(names), "fusion policies", every_s=2.0)
     first, direct_last, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
