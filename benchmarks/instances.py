@@ -2,7 +2,7 @@
 
 Each entry: (label, sketch file, collective override or None, size override or None, group, node count
 override or None).
-Groups: "core" (2-node and single-node), "scale" (64 and 128 GPUs), "stretch" (1024 GPUs).
+Groups: "core" (2-node and single-node), "scale" (64 and 128 GPUs), "stretch" (512 and 1024 GPUs).
 Reference model sizes (routing MILP variables / constraints / binaries) are the ones measured for the
 reference TACCL implementation, from ../shared/data/taccl-examples/SOURCES.md.
 """
@@ -34,6 +34,7 @@ INSTANCES = [
     ("16x DGX H100 AllReduce hierarchical (128 GPUs)", "dgx-h100-hier.json", "allreduce", None, "scale", 16),
     ("16x DGX H100 AllToAll hierarchical (128 GPUs)", "dgx-h100-hier.json", "alltoall", None, "scale", 16),
     ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch", None),
+    ("64x DGX H100 AllToAll hierarchical 1 GiB (512 GPUs)", "dgx-h100-hier.json", "alltoall", "1G", "stretch", 64),
 ]
 
 # Companions (benchmarks/quality.py): sketches for other message sizes that a user, and the SKU files in
