@@ -445,6 +445,22 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
         _lower_policy(algo, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
 
 
+def test_past_the_transfer_cap_auto_lowers_the_schedules_policy_alone(monkeypatch):
+    # the same AllToAll, where `auto` keeps eager fusion: with fewer transfers allowed than it has, only the
+    # schedule's fusion is lowered (on a million transfers each policy takes minutes), and the run says so
+    import io
+
+    import taccl.lowering as lowering
+    from taccl.progress import Reporter
+
+    algo, topo, chosen = _ndv2_alltoall_and_its_chosen_program()
+    monkeypatch.setattr(lowering, "AUTO_POLICIES_MAX_TRANSFERS", len(algo.transfers) - 1)
+    out = io.StringIO()
+    program = lower(algo, topology=topo, report=Reporter(stream=out))
+    assert program_to_xml(program) == program_to_xml(lower(algo, keep_schedule=True)) != chosen
+    assert "only the schedule's fusion policy" in out.getvalue()
+
+
 def _ndv2_alltoall_and_its_chosen_program():
     """A 2x NDv2 hierarchical AllToAll (LL, 1 MiB), its topology, and the XML `lower` chooses for it."""
     from pathlib import Path
