@@ -265,7 +265,7 @@ def _check_composition(sketch: Sketch, coll: Collective, holders: list) -> None:
             raise UserError(f"the phases do not make up {coll.name}: after the last phase rank {r} lacks chunk {c} "
                             f"(a phase over other groups is missing)", path=sketch.path, where="$.phases")
         if coll.combining:
-            want = Counter({s: 1 for cc, s in coll.precondition if cc == c}) if coll.name != "allreduce" else full
+            want = Counter(dict.fromkeys(coll.sources(c), 1)) if coll.name != "allreduce" else full
             if got != want:
                 dup = sorted(s for s, n in got.items() if n > 1)
                 missing = sorted(set(want) - set(got))

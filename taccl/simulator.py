@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import multiprocessing
+import os
 from bisect import bisect_right
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -64,6 +66,9 @@ __all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TIE_
 # hand-written, or lowered with another fusion policy, differs by float summation order or a step's place in
 # its block (0.01 us of 10), far below what the calibrated model can tell apart.
 TIE_TOLERANCE = 0.005
+# from this many steps a size takes seconds to simulate (1024 ranks: ~15 s): `Simulator.run_sizes` runs the
+# sizes in forked workers, one per core
+PARALLEL_MIN_STEPS = 200_000
 
 TILE_BYTES = {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}
 PROTO_BW_FACTOR = {Proto(p): f for p, f in DEFAULT_BW_FACTOR.items()}
@@ -291,6 +296,19 @@ class Simulator:
         tile = TILE_BYTES[self.proto]
         n = max(1, math.ceil(chunk / tile - 1e-9))
         return chunk, n, min(tile, chunk)
+
+    def run_sizes(self, sizes) -> list:
+        """`run` at each size, in order; a large program's sizes run in forked workers, one per core."""
+        global _forked
+        workers = min(len(sizes), os.cpu_count() or 1)
+        if workers < 2 or self.p.nsteps < PARALLEL_MIN_STEPS or "fork" not in multiprocessing.get_all_start_methods():
+            return [self.run(s) for s in sizes]
+        _forked = self  # inherited by the workers, not pickled
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                return pool.map(_run_forked, sizes, chunksize=1)
+        finally:
+            _forked = None
 
     def run(self, size_bytes: float, trace: list | None = None) -> SimResult:
         """Simulate one size; with `trace` (a list), each finished step is appended to it as
@@ -609,3 +627,10 @@ def sweep(program: Program, topology, sizes, *, options: SimOptions | None = Non
     """Simulate every size; the program is flattened once."""
     sim = Simulator(program, topology, options)
     return [sim.run(s) for s in sizes]
+
+
+_forked = None  # the Simulator whose sizes forked workers run (`Simulator.run_sizes`)
+
+
+def _run_forked(size_bytes):
+    return _forked.run(size_bytes)

@@ -44,8 +44,7 @@ def run(args) -> int:
     sim = Simulator(program, topo, SimOptions(tiling=not args.no_tiling))
     rows = []
     coll = "reducescatter" if program.collective == "reduce_scatter" else program.collective
-    for s in sizes:
-        r = sim.run(s)
+    for s, r in zip(sizes, sim.run_sizes(sizes)):
         lb = None
         try:
             lb = lower_bound(topo, coll, s, root=program.root or 0, proto=program.proto)
