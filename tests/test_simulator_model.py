@@ -205,6 +205,20 @@ def test_shared_xmls_simulate(path):
     assert results[0].time_us < results[-1].time_us
 
 
+def test_sizes_in_forked_workers_match_one_by_one(monkeypatch):
+    # a 1024-rank program's sizes run in forked workers (seconds each); small programs' sizes too when the
+    # threshold says so, and the results are the same, in order
+    import taccl.simulator as simulator
+
+    t = load_topology("dgx2", 1)
+    sim = Simulator(build("ring", t, "allgather"), t)
+    sizes = [1000, 64000, 4 << 20]
+    alone = [sim.run(s) for s in sizes]
+    monkeypatch.setattr(simulator, "PARALLEL_MIN_STEPS", 0)
+    monkeypatch.setattr(simulator.os, "cpu_count", lambda: 2)
+    assert sim.run_sizes(sizes) == alone
+
+
 def test_simulate_cli(tmp_path, capsys):
     t = load_topology("dgx2", 1)
     from taccl.lowering import write_program
