@@ -33,7 +33,11 @@ INSTANCES = [
      16),
     ("16x DGX H100 AllReduce hierarchical (128 GPUs)", "dgx-h100-hier.json", "allreduce", None, "scale", 16),
     ("16x DGX H100 AllToAll hierarchical (128 GPUs)", "dgx-h100-hier.json", "alltoall", None, "scale", 16),
-    ("128x DGX H100 AllGather (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch", None),
+    ("128x DGX H100 AllGather hierarchical 1 GB (1024 GPUs)", "dgx-h100-n128.json", None, None, "stretch", None),
+    ("128x DGX H100 ReduceScatter hierarchical 1 GB (1024 GPUs)", "dgx-h100-n128.json", "reducescatter", None,
+     "stretch", None),
+    ("128x DGX H100 AllReduce hierarchical 1 GB (1024 GPUs)", "dgx-h100-n128.json", "allreduce", None, "stretch",
+     None),
     ("64x DGX H100 AllToAll hierarchical 1 GiB (512 GPUs)", "dgx-h100-hier.json", "alltoall", "1G", "stretch", 64),
 ]
 

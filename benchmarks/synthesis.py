@@ -69,7 +69,7 @@ def run_instance(entry, args) -> tuple:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", default="core,scale", help="instance groups to run (core, scale, stretch)")
-    ap.add_argument("--stretch", action="store_true", help="also run the 512- and 1024-GPU instances")
+    ap.add_argument("--stretch", action="store_true", help="also run the 512- and 1024-GPU instances (minutes each)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per MILP stage, seconds")
     ap.add_argument("--stall", type=float, default=None,
                     help="stop a MILP stage once its best solution stalls this long, seconds (default: taccl's; 0: never)")

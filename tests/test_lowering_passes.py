@@ -229,6 +229,16 @@ def test_an_exchange_is_what_makes_a_late_reverse_reduction_right(tmp_path):
         Algorithm.from_json(doc, path="x.algo.json")
 
 
+def test_a_reduction_that_skips_a_rank_is_refused_naming_it():
+    algo = ring_algorithm("reducescatter", 4)
+    verify(algo, algo.make_collective())
+    skip = next(t for t in algo.transfers if t.chunks == (0,) and not t.deps)  # the first hop of chunk 0's sum
+    skip.op = "copy"  # its receiver's own contribution is overwritten, not added
+    with pytest.raises(CheckFailed, match=r"chunk 0 on rank 0 is not the full sum: missing contributions of "
+                                          rf"ranks \[{skip.dst}\], duplicated from \[\]"):
+        verify(algo, algo.make_collective())
+
+
 def test_write_program_checks(tmp_path):
     p = lower(ring_algorithm("allgather", 4))
     out = write_program(p, tmp_path / "ok.xml")
