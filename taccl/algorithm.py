@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from .collectives import Collective, make_collective
+from .collectives import Collective, add_contributions, contribution, make_collective, ranks_in
 from .errors import CheckFailed, UserError
 
 FORMAT = "taccl.algorithm/1"
@@ -184,10 +184,6 @@ def exchange_partners(transfers) -> dict:
     return out
 
 
-def _ranks_in(mask: int) -> list:
-    return [r for r in range(mask.bit_length()) if mask >> r & 1]
-
-
 def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
     """Prove the schedule implements `coll`; raise CheckFailed naming the first broken transfer.
 
@@ -201,11 +197,10 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
     the partner has been sent: the partner sends the sum without it, as the lowering's program does.
     """
     by_id = {t.id: t for t in algo.transfers}
-    # Contributions: state[(chunk, rank)] = (origin ranks summed into that copy, those summed more than once),
-    # both bit masks (a Counter per copy made a 1024-rank ReduceScatter's proof take minutes)
+    # contributions (`taccl.collectives.contribution`) of each copy: state[(chunk, rank)]
     state = {}
     for c, r in coll.precondition:
-        state[(c, r)] = (1 << r, 0) if coll.combining else (1, 0)
+        state[(c, r)] = contribution(r) if coll.combining else contribution(0)
     ready_at = {(c, r): 0.0 for c, r in coll.precondition}
     order = sorted(algo.transfers, key=lambda t: (t.send_us, t.id))
     busy = defaultdict(list)
@@ -263,8 +258,7 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
                 else:
                     if key not in state:
                         raise CheckFailed(f"transfer {t.id}: rank {t.dst} reduces chunk {c} but holds no contribution of it")
-                    (mine, mine_twice), (theirs, theirs_twice) = state[key], got
-                    state[key] = (mine | theirs, mine_twice | theirs_twice | (mine & theirs))
+                    state[key] = add_contributions(state[key], got)
                 ready_at[key] = when
     full_sum = {}  # chunk -> the mask of its contributors
     for c, r in sorted(coll.postcondition):
@@ -277,6 +271,6 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
             want = full_sum[c]
             summed, twice = got
             if summed != want or twice:
-                missing, dup = _ranks_in(want & ~summed), _ranks_in(twice)
+                missing, dup = ranks_in(want & ~summed), ranks_in(twice)
                 raise CheckFailed(f"chunk {c} on rank {r} is not the full sum: missing contributions of ranks {missing}, "
                                   f"duplicated from {dup}")

@@ -96,6 +96,20 @@ class Collective:
 FORMS = {"allreduce": ("reduce-broadcast", "one-shot")}
 
 
+# Contributions to a copy of a chunk, as the proofs track them: (origin ranks summed into it, those summed
+# more than once), both bit masks over ranks (a Counter per copy made 1024-rank proofs take minutes)
+def contribution(rank: int) -> tuple:
+    return (1 << rank, 0)
+
+
+def add_contributions(a: tuple, b: tuple) -> tuple:
+    return (a[0] | b[0], a[1] | b[1] | (a[0] & b[0]))
+
+
+def ranks_in(mask: int) -> list:
+    return [r for r in range(mask.bit_length()) if mask >> r & 1]
+
+
 def canonical_name(name: str) -> str:
     """A collective's name in lower case with its aliases resolved ("AR" -> "allreduce"); not checked."""
     return ALIASES.get(str(name).lower(), str(name).lower())

@@ -37,10 +37,9 @@ chunk: a transfer of a later phase waits only for the arrival of its own chunk.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
-from .collectives import Collective
+from .collectives import Collective, add_contributions, contribution, ranks_in
 from .errors import UserError
 from .sketch import Sketch, sketch_from_dict
 
@@ -175,10 +174,10 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
         raise UserError(f"phases can make up allgather, reducescatter, allreduce or alltoall, not {coll.name}",
                         path=sketch.path, where="$.phases")
     targets = chunk_targets(coll)
-    # holders: chunk -> {rank: Counter of contributions (origin ranks; -1 for a copy)}
+    # holders: chunk -> {rank: its copy's contributions (`taccl.collectives.contribution`; rank 0's for a copy)}
     holders = [dict() for _ in range(coll.num_chunks)]
     for c, r in coll.precondition:
-        holders[c][r] = Counter({r: 1}) if coll.combining else Counter({-1: 1})
+        holders[c][r] = contribution(r) if coll.combining else contribution(0)
     plans = []
     allowed = _ALLOWED[_kind_of(coll.name, coll.form)]
     what = f"{coll.form} {coll.name}" if coll.form else coll.name
@@ -225,9 +224,9 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
                                         f"{len(_members(groups, topology, key))} members here", path=sketch.path,
                                         where=where + ".groups")
                     owner = _toward(groups, topology, hs[0], targets[c])
-                    total = Counter()
-                    for h in hs:
-                        total += held[h]
+                    total = held[hs[0]]
+                    for h in hs[1:]:
+                        total = add_contributions(total, held[h])
                     route_pre.add((c, owner))
                     for h in hs:
                         route_post.add((c, h))
@@ -246,7 +245,9 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
             route = _phase_collective(coll, "allgather", route_pre, route_post, False)
             pairs = kind == "allreduce" and len(_members(groups, topology, _group_key(groups, topology, 0))) == 2
             task = _phase_collective(coll, kind, pre, post, True, form="exchange" if pairs else "")
-        moved = any(set(a) != set(h) or any(a[r] != h.get(r) for r in a) for a, h in zip(after, holders))
+        # a reduction over groups of two or more always sums (twice, if the sums were whole: said below)
+        moved = kind in ("reducescatter", "allreduce") or any(
+            set(a) != set(h) or any(a[r] != h.get(r) for r in a) for a, h in zip(after, holders))
         if not moved:
             raise UserError(f"this {kind} phase over {groups} groups moves no data (the chunks are already where "
                             f"it would put them)", path=sketch.path, where=where)
@@ -258,17 +259,17 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
 
 
 def _check_composition(sketch: Sketch, coll: Collective, holders: list) -> None:
-    full = Counter({r: 1 for r in range(coll.num_ranks)})
+    full = (1 << coll.num_ranks) - 1
     for c, r in sorted(coll.postcondition):
         got = holders[c].get(r)
         if got is None:
             raise UserError(f"the phases do not make up {coll.name}: after the last phase rank {r} lacks chunk {c} "
                             f"(a phase over other groups is missing)", path=sketch.path, where="$.phases")
         if coll.combining:
-            want = Counter(dict.fromkeys(coll.sources(c), 1)) if coll.name != "allreduce" else full
-            if got != want:
-                dup = sorted(s for s, n in got.items() if n > 1)
-                missing = sorted(set(want) - set(got))
+            want = sum(1 << s for s in coll.sources(c)) if coll.name != "allreduce" else full
+            summed, twice = got
+            if summed != want or twice:
+                dup, missing = ranks_in(twice), ranks_in(want & ~summed)
                 why = f"contributions of ranks {dup} are summed twice" if dup else f"ranks {missing} are missing"
                 raise UserError(f"the phases do not make up {coll.name}: chunk {c} on rank {r} is not the full sum "
                                 f"({why})", path=sketch.path, where="$.phases")
