@@ -301,7 +301,8 @@ class Simulator:
         """`run` at each size, in order; a large program's sizes run in forked workers, one per core."""
         global _forked
         workers = min(len(sizes), os.cpu_count() or 1)
-        if workers < 2 or self.p.nsteps < PARALLEL_MIN_STEPS or "fork" not in multiprocessing.get_all_start_methods():
+        if (workers < 2 or self.p.nsteps < PARALLEL_MIN_STEPS or "fork" not in multiprocessing.get_all_start_methods()
+                or multiprocessing.current_process().daemon):  # a batch worker may not have children
             return [self.run(s) for s in sizes]
         _forked = self  # inherited by the workers, not pickled
         try:
