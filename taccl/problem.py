@@ -254,14 +254,23 @@ def _relay_senders(topo: Topology, coll: Collective, sk: Sketch) -> dict:
 def symmetry_group(prob: Problem) -> tuple:
     """Close the sketch's rotations into a group; check each generator maps the problem onto itself."""
     sk, R = prob.sketch, prob.num_ranks
+    topo = prob.topology
+    shape = f"{topo.nodes} node(s) of {topo.gpus_per_node} GPUs"
     gens = []
     for i, (o, g) in enumerate(sk.symmetry_offsets):
         where = f"$.symmetry_offsets[{i}]"
         g = g or R  # 0: the whole collective (a node rotation whatever the node count)
         if R % g:
-            raise UserError(f"symmetry group size {g} does not divide the {R} ranks", path=sk.path, where=where)
+            raise UserError(f"symmetry group size {g} does not divide the {R} ranks of {shape}: the symmetry "
+                            f"holds only where the rank count is a multiple of {g}; use such a node count, or "
+                            f"group size 0 (all ranks, at any node count)", path=sk.path, where=where)
         perm = rotation(o, g, R)
-        _check_generator(prob, perm, where)
+        try:
+            _check_generator(prob, perm, where)
+        except UserError as exc:
+            raise UserError(f"{exc.message} (at {shape}); change this rotation or the node count, or drop the "
+                            f"rotation (the routing model then grows with the ranks)", path=exc.path,
+                            where=exc.where) from None
         gens.append(perm)
     ident = tuple(range(R))
     group, seen, queue = [ident], {ident}, deque([ident])

@@ -22,6 +22,7 @@ from pathlib import Path
 from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
 from .bounds import lower_bound, lower_bounds
+from .budget import check_memory
 from .collectives import Collective, canonical_name, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
@@ -57,6 +58,7 @@ class SynthesisOptions:
     merge_links: str | None = None  # None: the sketch's ("internode" by default)
     proto: str | None = None  # runtime protocol to cost links for and lower with (None: the sketch's, Simple)
     instances: int | None = None  # thread blocks per connection when lowered (None: the sketch's, 1)
+    max_memory_bytes: int | None = None  # refuse problems estimated larger (None: this machine's memory)
 
 
 def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None):
@@ -199,6 +201,7 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
                options: SynthesisOptions | None = None, report=SILENT, name: str | None = None) -> Algorithm:
     options = options or SynthesisOptions()
     topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size)
+    check_memory(coll, options.max_memory_bytes, path=sketch.path)
     run = _Run(sketch, options)
     stages = build_problems(sketch, topo, coll, size, proto=options.proto, instances=options.instances)
     tasks = []

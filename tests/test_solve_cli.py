@@ -96,7 +96,9 @@ BAD = [
     ("unknown-collective", variant(collective="allsome"), ["unknown collective 'allsome'"]),
     ("unknown-topology", variant(topology="dgx-9000"), ["unknown topology 'dgx-9000'", "$.topology"]),
     ("bad-symmetry", variant(symmetry_offsets=[[1, 8]]), ["$.symmetry_offsets[0]", "not a symmetry", "rotation maps link 0->1"]),
-    ("symmetry-size", variant(symmetry_offsets=[[1, 7]]), ["does not divide"]),
+    ("symmetry-size", variant(symmetry_offsets=[[1, 7]]), ["does not divide the 16 ranks of 2 node(s)"]),
+    ("symmetry-at-node-count", variant(nodes=3, symmetry_offsets=[[8, 16]]),
+     ["$.symmetry_offsets[0]", "24 ranks of 3 node(s) of 8 GPUs", "a multiple of 16", "group size 0"]),
     ("bad-size", variant(input_size="lots"), ["$.input_size", "expected a size"]),
     ("no-nics", variant(topology="torus-2x2"), ["has no NICs", "cannot span 2 nodes"]),
 ]
@@ -114,6 +116,33 @@ def test_bad_input_gets_one_clear_message(tmp_path, capsys, case, doc, needles):
     for needle in needles:
         assert needle in err
     assert not out.exists() or not any(out.iterdir())  # no partial output
+
+
+def test_a_problem_over_the_memory_limit_is_refused_before_any_solver_runs(monkeypatch, tmp_path, capsys):
+    from taccl import synthesize as syn
+
+    def no_routing(*a, **kw):
+        raise AssertionError("the routing solver ran")
+
+    monkeypatch.setattr(syn, "route", no_routing)
+    out = tmp_path / "out"
+    rc = main(["solve", str(ROOT / "sketches" / "dgx-h100-n128.json"), "--max-memory", "2G", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert "allgather on 1024 ranks" in err and "1,047,552 transfers" in err and "--max-memory" in err
+    assert not out.exists()
+
+
+def test_the_fewest_transfers_a_collective_needs():
+    from taccl.budget import min_transfers
+    from taccl.collectives import make_collective
+
+    # each rank lacks 7 chunks (AllToAll: 7 of its 8); a sum gathers 7 contributions, AllReduce sends it on
+    # to 7 ranks; one root sends or receives 7
+    expected = {"allgather": 56, "alltoall": 56, "reducescatter": 56, "allreduce": 112, "broadcast": 7,
+                "reduce": 7}
+    assert {n: min_transfers(make_collective(n, 8, 1, root=0)) for n in expected} == expected
+    assert min_transfers(make_collective("allgather", 8, 4)) == 4 * 56
 
 
 def test_missing_file_and_bad_option(tmp_path, capsys):

@@ -9,6 +9,7 @@ from ..errors import UserError
 from ..fileio import write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
+from ..units import parse_size
 from ..solver import SOLVERS
 
 
@@ -38,6 +39,9 @@ def register(sub):
     p.add_argument("--instances", type=int, default=None,
                    help="thread blocks per connection (each chunk split N ways): the synthesizer costs links for "
                         "it and the XML uses it (default: the sketch's hyperparameters.instances, else 1)")
+    p.add_argument("--max-memory", metavar="SIZE", default=None,
+                   help="refuse, before solving, a problem whose synthesis is estimated to need more memory "
+                        "than this, e.g. 8G (default: this machine's memory)")
     p.add_argument("-o", "--output", default=".", metavar="OUTDIR", help="output directory (default .)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -59,7 +63,9 @@ def run(args) -> int:
         raise UserError("must be between 1 and 32", where="--instances")
     opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops,
                             proto=args.proto, instances=args.instances, time_limit_s=args.time_limit,
-                            stall_s=args.stall)
+                            stall_s=args.stall,
+                            max_memory_bytes=None if args.max_memory is None else parse_size(args.max_memory,
+                                                                                           where="--max-memory"))
     name = args.name or default_name(sketch, args.collective)
     algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,
                       options=opts, report=report, name=name)

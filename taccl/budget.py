@@ -1,0 +1,75 @@
+"""Memory budget: a synthesis that cannot fit in memory is refused before any solver runs.
+
+A synthesis holds a few objects per transfer at once (the ordering's tasks, the algorithm, the lowering's
+instructions and steps, the proofs' state), so its peak grows with the transfers. A collective needs at
+least one transfer for each rank that must receive a chunk it lacks, and a combining one also one for each
+contribution that must be summed (`min_transfers`). Peaks measured with `taccl solve` (XML included) run
+from 3.7 KiB per such transfer (128x DGX H100 AllGather, 1.05 M transfers, 3.9 GB) to 15 KiB (64x DGX H100
+AllToAll, 0.26 M needed and 0.49 M routed through relays, 3.9 GB): `estimate_bytes` uses less than the low end, so
+that a refused problem would not have fit; one it lets through may still need four times its estimate.
+"""
+from __future__ import annotations
+
+import os
+
+from .collectives import Collective
+from .errors import UserError
+
+__all__ = ["min_transfers", "estimate_bytes", "machine_memory_bytes", "check_memory"]
+
+BASE_BYTES = 150 << 20  # the interpreter, numpy, HiGHS and the topology: a 2-GPU solve peaks near this
+BYTES_PER_TRANSFER = 3 << 10
+
+
+def min_transfers(coll: Collective) -> int:
+    """The fewest transfers any algorithm for `coll` makes: per chunk, the ranks that must receive it and do
+    not hold it; for a combining chunk, the contributions to sum into one rank (sources less one) and then
+    the ranks that want the sum, less that one."""
+    sources, wanted = {}, {}
+    for c, r in coll.precondition:
+        sources.setdefault(c, set()).add(r)
+    for c, r in coll.postcondition:
+        wanted.setdefault(c, set()).add(r)
+    total = 0
+    for c, dst in wanted.items():
+        src = sources.get(c, set())
+        if coll.combining:
+            total += max(len(src | dst) - 1, 0) + max(len(dst) - 1, 0)
+        else:
+            total += len(dst - src)
+    return total
+
+
+def estimate_bytes(coll: Collective) -> int:
+    """A low estimate of a synthesis' peak memory (see the module docstring)."""
+    return BASE_BYTES + BYTES_PER_TRANSFER * min_transfers(coll)
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(coll: Collective, limit_bytes: int | None, *, path=None) -> None:
+    """Raise `UserError` when synthesizing `coll` needs more than `limit_bytes` (None: this machine's memory)."""
+    limit, source = limit_bytes, "--max-memory"
+    if limit is None:
+        limit, source = machine_memory_bytes(), "this machine's memory"
+    if limit is None:
+        return
+    need = estimate_bytes(coll)
+    if need > limit:
+        raise UserError(f"{coll.name} on {coll.num_ranks} ranks in {coll.num_chunks} chunks makes at least "
+                        f"{min_transfers(coll):,} transfers: synthesizing, lowering and proving it needs at least "
+                        f"about {_gib(need)} of memory, more than the {_gib(limit)} of {source}. "
+                        f"Use fewer nodes or a smaller input_chunkup, or a larger --max-memory on a machine "
+                        f"that has it", path=path)
+
+
+def _gib(nbytes: int) -> str:
+    if nbytes >= 1 << 30:
+        return f"{nbytes / (1 << 30):.1f} GiB"
+    return f"{nbytes / (1 << 20):.0f} MiB"
