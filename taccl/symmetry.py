@@ -27,7 +27,8 @@ class Orbits:
                 if self.rep[img] < 0:
                     self.rep[img] = c
                     self.from_rep[img] = g
-        self.to_rep = [inverse(g) for g in self.from_rep]
+        inverses = {id(g): inverse(g) for g in group}  # shared: a tuple per chunk took a GB on 512 ranks
+        self.to_rep = [inverses[id(g)] for g in self.from_rep]
         self.stab = {c: [g for g in group if coll.permute_chunk(c, g) == c] for c in self.reps}
         self.trivial_stab = all(len(s) == 1 for s in self.stab.values())
 
