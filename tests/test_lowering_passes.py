@@ -541,7 +541,7 @@ def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
                       input_size="256MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
     topo = algo.load_topology()
     eager = _lower_policy(algo, max_tbs=132, check=False, keep_schedule=False, flag_us=topo.spec.sync_us,
-                          direct_lasts=(False,))[0]
+                          converges=("aside",))[0]
     assert not check_program(eager).ok
     with pytest.raises(CheckFailed, match="deadlocks in simulation"):
         Simulator(eager, topo).run(algo.input_size_bytes)
@@ -635,11 +635,36 @@ def test_reductions_land_aside_where_reducing_as_they_land_exceeds_the_runtime_l
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), nodes=16, collective="reducescatter",
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL128", instances=1))
     with pytest.raises(UserError, match="runtime's limits"):
-        _lower_policy(algo, max_tbs=24, check=False, direct_lasts=(True,))
+        _lower_policy(algo, max_tbs=24, check=False, converges=("direct-last",))
     program = lower(algo, max_tbs=24)
     assert program.max_threadblocks <= 24 and check_program(program).ok
     assert program_to_xml(program) == program_to_xml(_lower_policy(algo, max_tbs=24, check=False,
-                                                                   direct_lasts=(False,))[0])
+                                                                   converges=("aside",))[0])
+
+
+def test_reductions_land_in_place_where_landing_aside_exceeds_the_xml_node_limit(monkeypatch):
+    # 4x DGX H100 ReduceScatter, hierarchical with ring rails (the 1024-GPU sketch at 4 nodes): landing each
+    # node's seven partial sums aside costs a local reduction per partial and the fold's flag waits; on 1024
+    # ranks that is over the parser's 4096 XML nodes a rank stores. Here the limit is lowered to 150 (aside:
+    # 176, in place: 115): the partials then reduce into the copy one after another as they land, proven
+    from pathlib import Path
+
+    import taccl.lowering as lowering
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-n128.json"), nodes=4, collective="reducescatter")
+    aside = _lower_policy(algo, converges=("aside",))[0]
+    assert aside.max_nodes > 150
+    limits = lowering.check_limits
+    monkeypatch.setattr(lowering, "check_limits", lambda program, **kw: limits(program, **{**kw, "max_nodes": 150}))
+    with pytest.raises(UserError, match="XML nodes"):
+        _lower_policy(algo, converges=("aside",))
+    program = lower(algo, topology=algo.load_topology())
+    assert program.max_nodes <= 150 and check_program(program).ok
+    steps = [st.type for g in program.gpus for tb in g.threadblocks for st in tb.steps]
+    assert StepType.REDUCE not in steps and StepType.RECV_REDUCE_COPY in steps
 
 
 def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():

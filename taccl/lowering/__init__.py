@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..errors import CheckFailed, UserError
 from ..program import MAX_NODES, Program, Proto
 from ..progress import SILENT
-from .buffers import algorithm_ops
+from .buffers import CONVERGE_MODES, algorithm_ops
 from .emit import MAX_DEPID, check_limits, compact_scratch, emit
 from .fusion import fuse
 from .instructions import generate
@@ -162,12 +162,12 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
         names = names[:1]
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
     progress = report.progress("lowering", len(names), "fusion policies", every_s=2.0)
-    first, direct_last, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
-    # the other policies take the first's choices: retrying both ways of reducing the last partial would
+    first, converge, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
+    # the other policies take the first's choices: retrying the other ways of landing converging reductions would
     # repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than the
     # schedule's (eager fusion pins more connections to a block) would give a program on fewer channels that
     # costs builds and a simulation to lose (16x DGX H100 AllToAll: its unproven lowering 27.5 -> 12.5 s)
-    kw["direct_lasts"] = (direct_last,)
+    kw["converges"] = (converge,)
     kw["instances"] = instances_kept
     policies = [_fusion_policy(n, topology) for n in names]
     candidates = {0: first}  # policy index -> its program
@@ -242,8 +242,8 @@ def _ranked(candidates: dict, topology, size: int) -> tuple:
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
-               keep_schedule, network_fan_out=0, flag_us=0.0, direct_lasts=None) -> tuple:
-    """(the program, whether converging reductions reduce their last partial as it lands, its instances)."""
+               keep_schedule, network_fan_out=0, flag_us=0.0, converges=None) -> tuple:
+    """(the program, how its converging reductions land (`CONVERGE_MODES`), its instances)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
     # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a
@@ -251,18 +251,20 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
     # simulator: 2-10% faster below 1 MiB); with Simple's long steps, landing every partial in parallel wins
     # (up to 4.5% at 256 MiB). Reducing as it lands pins more receives to the blocks that forward the sums,
     # which can exceed the runtime's limits on many nodes (16x DGX H100 ReduceScatter): then every partial
-    # lands aside.
+    # lands aside. Landing aside costs a local step per partial and the flag waits of the fold (nops): on
+    # 1024 ranks that is over the parser's 4096 XML nodes, and the partials then reduce in place one after
+    # another.
     error = None
-    for direct_last in direct_lasts or ((True, False) if proto != "Simple" else (False,)):
+    for converge in converges or (CONVERGE_MODES if proto != "Simple" else CONVERGE_MODES[1:]):
         n = algorithm.instances if instances is None else instances
         while True:
             opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
                                    max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule,
                                    network_fan_out=network_fan_out, flag_us=flag_us, check=check)
             opts.validate()
-            ops = algorithm_ops(algorithm, coll, single=n > 1, direct_last=direct_last)
+            ops = algorithm_ops(algorithm, coll, single=n > 1, converge=converge)
             try:
-                return lower_ops(ops, coll, name=name or algorithm.name, options=opts), direct_last, n
+                return lower_ops(ops, coll, name=name or algorithm.name, options=opts), converge, n
             except UserError as exc:
                 if "runtime's limits" not in str(exc):
                     raise
@@ -326,7 +328,13 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                     k += 1
                 continue
             if len(problems) == 1 and "steps" in problems[0]:
-                continue  # nops pushed a block over the limit: retry with a lower cap per block
+                # nops pushed a block over the limit: retry with a lower cap per block, one that leaves room
+                # for as many nops per step as that block has (a block of 64 sends that each wait on two
+                # others has 127 steps: cap 32, not four builds at 56, 48, 40 and 32)
+                room = cap * opts.max_steps // program.max_steps
+                while k < len(attempts) and attempts[k][0] == mode and attempts[k][1] > room:
+                    k += 1
+                continue
             break
         if opts.check:
             report = verify_program(program, max_steps=opts.max_steps if opts.max_steps != DEFAULT_MAX_STEPS else None,

@@ -9,8 +9,11 @@ Where chunk c lives on rank r:
 - a copy transfer writes the home; a reduce transfer writes the home with the current value as the local
   operand (an out-of-place first accumulation reads the input and writes the output, later ones add in
   place); reductions that several ranks send into one copy back to back are received into scratch instead
-  and folded into the home by one run of local reductions once all have arrived (or all but the last, which
-  then reduces into the folded sum as it lands: ``direct_last``, for the protocols with short steps);
+  and folded into the home by one run of local reductions once all have arrived (``converge="aside"``), or
+  all but the last, which then reduces into the folded sum as it lands (``"direct-last"``, for the
+  protocols with short steps), or each reduces into the home as it lands, one after another
+  (``"in-place"``: no scratch, no local steps, and fewer flag waits, for programs at the runtime's limit of
+  XML nodes);
   two ranks that swap partial sums (a pair's exchange, `taccl.phases`; `Transfer.exchange`, or two reverse
   reductions each sent before the other lands) each send their sum without the other's, which one place in
   the transfer order cannot say: both are received into scratch and folded once both were sent;
@@ -34,7 +37,10 @@ from ..errors import UserError
 from ..program import Buf
 from .ops import COPY, MAX_CNT, REDUCE, ChunkOp
 
-__all__ = ["algorithm_ops", "transfer_order"]
+__all__ = ["algorithm_ops", "transfer_order", "CONVERGE_MODES"]
+
+# how reductions that several ranks send into one copy land (the module docstring)
+CONVERGE_MODES = ("direct-last", "aside", "in-place")
 
 
 def transfer_order(transfers: list) -> list:
@@ -177,8 +183,11 @@ def _can_move_later(order: list, i: int, j: int) -> bool:
     return True
 
 
-def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False) -> list:
-    """The ChunkOps of an Algorithm (see the module docstring; `direct_last`: `_converging_reductions`)."""
+def algorithm_ops(algo, coll, *, single: bool = False, converge: str = "aside") -> list:
+    """The ChunkOps of an Algorithm (see the module docstring; `converge`: one of `CONVERGE_MODES`)."""
+    if converge not in CONVERGE_MODES:
+        raise ValueError(f"converge must be one of {CONVERGE_MODES}, not {converge!r}")
+    direct_last = converge == "direct-last"
     R = coll.num_ranks
     loc = {}
     for c, r in coll.precondition:
@@ -213,7 +222,7 @@ def algorithm_ops(algo, coll, *, single: bool = False, direct_last: bool = False
     if direct_last:
         order = _latest_arrival_last(order, swaps=swaps)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
-    staged = _converging_reductions(order, direct_last, swaps)
+    staged = {} if converge == "in-place" else _converging_reductions(order, direct_last, swaps)
     swapped = {}  # (transfer id, chunk) of a swap -> the scratch slot it received aside
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
