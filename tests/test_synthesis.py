@@ -237,3 +237,34 @@ def test_bandwidth_rows_summed_per_resource_orbit_are_every_chunks_rows(monkeypa
     synthesize(load_sketch(root / "sketches" / sketch), collective=collective, nodes=nodes,
                options=SynthesisOptions(time_limit_s=10, threads=1))
     assert found and all(rows and rows == every for rows, every in found)
+
+
+@pytest.mark.parametrize("sketch,collective,proto", [("dgx2-hier", "allreduce", "Simple"),
+                                                     ("dgx-h100-hier", "reducescatter", "LL"),
+                                                     ("ndv2-alltoall-sk-1", "alltoall", "Simple")])
+def test_the_greedy_schedules_times_are_its_exact_times_without_merges(monkeypatch, sketch, collective, proto):
+    # where contiguity merges nothing it reads the times off the schedule instead of recomputing them: a list
+    # schedule starts each transfer as soon as its orders allow, so both must agree
+    from taccl import synthesize as syn
+    from taccl.contiguity import exact_times, schedule_times
+    from taccl.sketch import load_sketch
+
+    seen = []
+    original = syn.contiguity
+
+    def compare(tasks, sched, adjacent, *, fifo_depth=0, **kw):
+        exact = {g.tasks[0]: g for g in exact_times(tasks, sched, set(), fifo_depth).groups}
+        read = schedule_times(tasks, sched)
+        assert sorted(len(g.tasks) for g in read.groups) == [1] * len(tasks)
+        for g in read.groups:
+            e = exact[g.tasks[0]]
+            assert (g.start_us, g.sent_us, g.finish_us) == pytest.approx((e.start_us, e.sent_us, e.finish_us),
+                                                                          abs=1e-9)
+        seen.append(len(tasks))
+        return original(tasks, sched, adjacent, fifo_depth=fifo_depth, **kw)
+
+    monkeypatch.setattr(syn, "contiguity", compare)
+    root = Path(__file__).resolve().parent.parent
+    synthesize(load_sketch(root / "sketches" / f"{sketch}.json"), collective=collective,
+               options=SynthesisOptions(time_limit_s=10, proto=proto))
+    assert seen and seen[0] > 100
