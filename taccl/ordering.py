@@ -271,8 +271,12 @@ def list_schedule(tasks, variant: str = "remaining", lanes: dict | None = None, 
         held = [c]
         for name in t.resources:
             fl = lane_free[name]
-            # best fit: the lane freed last before the data starts (lanes freed earlier stay for others)
-            best = max((x for x in range(len(fl)) if fl[x] <= data + 1e-12), key=lambda x: (fl[x], -x))
+            # best fit: the lane freed last before the data starts (lanes freed earlier stay for others),
+            # the first of equals
+            best, latest, limit = 0, -1.0, data + 1e-12
+            for x, free in enumerate(fl):
+                if latest < free <= limit:
+                    best, latest = x, free
             fl[best] = sent
             held.append((name, best))
         keys[i] = tuple(held)
