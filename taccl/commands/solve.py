@@ -9,8 +9,8 @@ from ..errors import UserError
 from ..fileio import write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
-from ..units import parse_size
 from ..solver import SOLVERS
+from ..units import parse_size
 
 
 def register(sub):
