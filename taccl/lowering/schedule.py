@@ -62,7 +62,6 @@ class _State:
         self.log = None
         self.hints = {}  # (rank, "S", send peer, pinned channel) -> recv peer of a fused instruction, and vice versa
         self.spans = {}  # with ``pack``: (rank, "S"|"R", peer) -> the schedule's spans of that connection's transfers
-        self.weight = {}  # instruction id -> its steps, nops included (`_step_weights`; absent: 1)
 
     # --- tentative changes with an undo log
     def _set_owner(self, k, tb):
@@ -86,7 +85,7 @@ class _State:
 
     def _step(self, tb, ins):
         self.log.append(("step", tb, ins))
-        tb.nsteps += self.weight.get(ins.id, 1)
+        tb.nsteps += 1
         tb.instrs.append(ins)
         ins.tb, ins.ch = tb, tb.ch
 
@@ -108,7 +107,7 @@ class _State:
                 setattr(entry[1], entry[2], entry[3])
             elif kind == "step":
                 tb, ins = entry[1], entry[2]
-                tb.nsteps -= self.weight.get(ins.id, 1)
+                tb.nsteps -= 1
                 tb.instrs.pop()
                 ins.tb = ins.ch = None
         self.log = None
@@ -206,7 +205,7 @@ class _State:
                 self._set_owner((r, ch, "R", rp), tb)
                 self._inc(self.nrecv, (r, ch))
                 self._pair_hint(tb, r, ch, "R", rp, ins.want_ch)
-        if tb.nsteps + self.weight.get(ins.id, 1) > self.step_cap:
+        if tb.nsteps + 1 > self.step_cap:
             return False
         self._step(tb, ins)
         return True
@@ -220,12 +219,12 @@ class _Spread:
     where its connections have the fewest transfers so far: consecutive transfers of a connection
     alternate between its blocks and run side by side (and a fused flow, one chunk's whole ring, too)."""
 
-    def __init__(self, live, step_cap, weight):
-        self.count, self.placed = {}, {}  # (rank, send peer) -> its steps; (.., channel) -> placed so far
+    def __init__(self, live, step_cap):
+        self.count, self.placed = {}, {}  # (rank, send peer) -> its transfers; (.., channel) -> placed so far
         for ins in live:
             if ins.send_peer >= 0:
                 key = (ins.rank, ins.send_peer)
-                self.count[key] = self.count.get(key, 0) + weight.get(ins.id, 1)
+                self.count[key] = self.count.get(key, 0) + 1
         self.step_cap = step_cap
 
     @staticmethod
@@ -244,25 +243,6 @@ class _Spread:
     def place(self, flow, ch):
         for c in self._conns(flow):
             self.placed[c + (ch,)] = self.placed.get(c + (ch,), 0) + 1
-
-
-def _step_weights(live) -> dict:
-    """Instruction id -> the steps it takes in its block with the nops of its waits, where that is more than
-    one: a step waits on one other block itself and each further block costs a nop before it
-    (`taccl.lowering.emit`). Blocks are not known yet, so this counts the other connections its dependencies
-    are on (the vector clocks of emit may prune some). Counted, a block of 64 sends that each wait on two
-    others (a rail's sum and the NIC's previous send, 1024-rank ReduceScatter) is spread over two channels
-    at once, not found at 127 steps after the whole lowering and lowered again at a smaller cap."""
-    out = {}
-    for ins in live:
-        if ins.send_peer < 0 and ins.recv_peer < 0:
-            continue  # local steps are placed apart, at the end
-        mine = (ins.send_peer, ins.recv_peer)
-        others = {(d.send_peer, d.recv_peer) for d in ins.deps}
-        others.discard(mine)
-        if len(others) > 1:
-            out[ins.id] = len(others)
-    return out
 
 
 def _connection_spans(live) -> dict:
@@ -356,13 +336,12 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
     st = _State(step_cap, pack)
     if pack:
         st.spans = _connection_spans(live)
-    st.weight = _step_weights(live)
     for ins in sorted(live, key=lambda i: i.pos):
         if ins.send_peer >= 0 and ins.recv_peer >= 0:  # per pinned channel: pinned flows differ by channel
             st.hints.setdefault((ins.rank, "S", ins.send_peer, ins.want_ch), ins.recv_peer)
             st.hints.setdefault((ins.rank, "R", ins.recv_peer, ins.want_ch), ins.send_peer)
     pending = _flows(live)
-    spread = _Spread(live, step_cap, st.weight)
+    spread = _Spread(live, step_cap)
     pending.reverse()  # a stack: pop the smallest key first
     while pending:
         flow = pending.pop()
