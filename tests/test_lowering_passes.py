@@ -667,6 +667,34 @@ def test_reductions_land_in_place_where_landing_aside_exceeds_the_xml_node_limit
     assert StepType.REDUCE not in steps and StepType.RECV_REDUCE_COPY in steps
 
 
+def test_instructions_that_alone_pass_the_node_limit_are_refused_before_allocating(monkeypatch):
+    # every live instruction is a step of its rank: past the limit with those alone, no cap, packing or
+    # fusion mode can help, and on 1024 ranks allocating and emitting would cost minutes
+    from pathlib import Path
+
+    import taccl.lowering as lowering
+    from taccl.lowering import LoweringOptions, lower_ops
+    from taccl.lowering.buffers import algorithm_ops
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-n128.json"), nodes=4, collective="reducescatter")
+    coll = algo.make_collective()
+    ops = algorithm_ops(algo, coll, converge="aside")
+    fits = lower_ops(ops, coll, name="rs", options=LoweringOptions(check=False))
+    instrs = lowering.generate(ops, coll.num_ranks)
+    lowering.fuse(instrs, mode="natural")
+    assert 60 < lowering._nodes_floor(instrs, coll.num_ranks, 1) <= fits.max_nodes
+
+    def no_allocation(*a, **kw):
+        raise AssertionError("allocated")
+
+    monkeypatch.setattr(lowering, "allocate", no_allocation)
+    with pytest.raises(UserError, match=r"runtime's limits: a rank stores at least \d+ XML nodes > 60"):
+        lower_ops(ops, coll, name="rs", options=LoweringOptions(max_nodes=60, check=False))
+
+
 def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     # 2x DGX H100 hierarchical ReduceScatter, LL at 64 KiB: the block that sends a node's sum to the network
     # first receives another chunk's partial, which lands before the fold could start in a block of its own

@@ -312,6 +312,12 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
             continue
         if program is None:
             continue  # the blocks cannot be ordered under this step cap
+        if isinstance(program, _OverNodes):
+            # no step cap or block packing lowers it, and neither does less fusion (as for a program over the
+            # node limit below)
+            last_problems = [f"a rank stores at least {program.nodes} XML nodes > {opts.max_nodes} (the "
+                             f"parser's MAX_NODES)"]
+            break
         problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps, max_nodes=opts.max_nodes)
         if problems:
             last_problems = problems
@@ -376,12 +382,34 @@ def _no_gc():
 _NOTHING_TO_FUSE = object()
 
 
+class _OverNodes:
+    """`_build`'s answer when a rank's instructions alone pass the parser's node limit: `nodes` is a floor."""
+
+    def __init__(self, nodes: int):
+        self.nodes = nodes
+
+
+def _nodes_floor(instrs, num_ranks: int, instances: int) -> int:
+    """The fewest XML nodes some rank's parser will store: the algo and every gpu element, and on the rank
+    with the most instructions one step per instruction and instance and a block per instance (blocks and
+    nops only add to it)."""
+    per_rank = [0] * num_ranks
+    for ins in instrs:
+        if not ins.dead:
+            per_rank[ins.rank] += 1
+    return 1 + num_ranks + instances * (max(per_rank, default=0) + 1)
+
+
 def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False):
-    """The program, None when its blocks cannot be ordered under `cap`, or `_NOTHING_TO_FUSE`."""
+    """The program, None when its blocks cannot be ordered under `cap`, `_NOTHING_TO_FUSE`, or `_OverNodes`
+    (checked before allocating: on 1024 ranks that is two thirds of a build that cannot fit)."""
     instrs = generate(ops, coll.num_ranks)
     if mode is not None and not fuse(instrs, mode=mode, keep_schedule=opts.keep_schedule,
                                      network_fan_out=opts.network_fan_out):
         return _NOTHING_TO_FUSE
+    floor = _nodes_floor(instrs, coll.num_ranks, opts.instances)
+    if floor > opts.max_nodes:
+        return _OverNodes(floor)
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
                        max_tbs=per_instance_tbs, pack=pack, flag_us=opts.flag_us)
