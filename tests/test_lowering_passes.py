@@ -695,6 +695,24 @@ def test_instructions_that_alone_pass_the_node_limit_are_refused_before_allocati
         lower_ops(ops, coll, name="rs", options=LoweringOptions(max_nodes=60, check=False))
 
 
+def test_fewer_steps_per_block_spread_connections_over_more_channels():
+    # 16x DGX H100 AllGather, ring rails: 16 transfers per node-phase connection fill one block at the
+    # default 64 steps; at 8 they are dealt over two channels, the same steps in more blocks, proven
+    from pathlib import Path
+
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-n128.json"), nodes=16, input_size="1M")
+    plain = lower(algo, fusion="schedule")
+    spread = lower(algo, fusion="schedule", block_steps=8)
+    assert (plain.nchannels, spread.nchannels) == (1, 2) and spread.nsteps == plain.nsteps
+    assert spread.max_threadblocks > plain.max_threadblocks and check_program(spread).ok
+    with pytest.raises(UserError, match="--block-steps must be a multiple of 8 from 8 to 64, got 12"):
+        lower(algo, fusion="schedule", block_steps=12)
+
+
 def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     # 2x DGX H100 hierarchical ReduceScatter, LL at 64 KiB: the block that sends a node's sum to the network
     # first receives another chunk's partial, which lands before the fold could start in a block of its own

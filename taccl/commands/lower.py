@@ -37,6 +37,10 @@ def register(subparsers) -> None:
                         "that leaves the node; several nodes only), or auto (default: the fastest of them at the "
                         "algorithm's input size, on its topology; the schedule's alone above "
                         f"{AUTO_POLICIES_MAX_TRANSFERS} transfers)")
+    p.add_argument("--block-steps", type=int, default=64, metavar="N",
+                   help="steps a thread block takes before a connection's next transfers go to another channel: "
+                        "smaller spreads connections over more channels (thread blocks) without splitting chunks; "
+                        "a multiple of 8, default 64 (the runtime's limit)")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
@@ -63,7 +67,8 @@ def run(args) -> int:
                     min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
                     max_bytes=parse_size(args.max_bytes, where="--max-bytes"),
                     max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
-                    topology=topology, fusion="none" if args.no_fusion else args.fusion)
+                    topology=topology, fusion="none" if args.no_fusion else args.fusion,
+                    block_steps=args.block_steps)
     out = Path(args.output) if args.output else default_output(args.algorithm)
     write_program(program, out, dialect=args.dialect)
     if not args.quiet:
