@@ -37,7 +37,7 @@ def register(subparsers) -> None:
                         "that leaves the node; several nodes only), or auto (default: the fastest of them at the "
                         "algorithm's input size, on its topology; the schedule's alone above "
                         f"{AUTO_POLICIES_MAX_TRANSFERS} transfers)")
-    p.add_argument("--block-steps", type=int, default=64, metavar="N",
+    p.add_argument("--block-steps", type=int, default=None, metavar="N",
                    help="steps a thread block takes before a connection's next transfers go to another channel: "
                         "smaller spreads connections over more channels (thread blocks) without splitting chunks; "
                         "a multiple of 8, default 64 (the runtime's limit)")

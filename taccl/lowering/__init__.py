@@ -61,9 +61,9 @@ class LoweringOptions:
     max_tbs: int = DEFAULT_MAX_TBS
     max_steps: int = DEFAULT_MAX_STEPS
     # steps a thread block may take before a connection's next transfers go to another channel: smaller
-    # spreads a connection over more channels (blocks), a way to more bandwidth per connection that, unlike
-    # instances, does not split chunks (more steps); a multiple of 8 up to max_steps
-    block_steps: int = DEFAULT_MAX_STEPS
+    # spreads a connection over more channels (blocks): more bandwidth per connection without splitting
+    # chunks into more steps as instances do; a multiple of 8 up to max_steps (None: max_steps)
+    block_steps: int | None = None
     max_nodes: int = MAX_NODES  # XML nodes a rank's parser stores (a custom runtime build may allow more)
     fuse: bool = True
     keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
@@ -86,7 +86,8 @@ class LoweringOptions:
                             f"(max 0 = unbounded)")
         if self.max_tbs < 1:
             raise UserError(f"--max-tbs must be at least 1, got {self.max_tbs}")
-        if not (8 <= self.block_steps <= self.max_steps and self.block_steps % 8 == 0):
+        if self.block_steps is not None and not (8 <= self.block_steps <= self.max_steps
+                                                 and self.block_steps % 8 == 0):
             raise UserError(f"--block-steps must be a multiple of 8 from 8 to {self.max_steps}, got "
                             f"{self.block_steps}")
 
@@ -113,7 +114,7 @@ def _fusion_policy(name: str, topology) -> dict:
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None,
-          fusion: str = "auto", block_steps: int = DEFAULT_MAX_STEPS, report=SILENT) -> Program:
+          fusion: str = "auto", block_steps: int | None = None, report=SILENT) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
     `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
@@ -256,7 +257,7 @@ def _ranked(candidates: dict, topology, size: int) -> tuple:
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
                keep_schedule, network_fan_out=0, flag_us=0.0, converges=None,
-               block_steps=DEFAULT_MAX_STEPS) -> tuple:
+               block_steps=None) -> tuple:
     """(the program, how its converging reductions land (`CONVERGE_MODES`), its instances)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
@@ -312,7 +313,7 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     modes = ["natural", "safe", None] if opts.fuse else [None]
     if opts.fuse and opts.network_fan_out:
         modes.remove(None)  # without fusion there is no fan-out to fuse: that program is the fuse=False one
-    attempts = [(m, cap, False) for m in modes for cap in range(opts.block_steps, 7, -8)]
+    attempts = [(m, cap, False) for m in modes for cap in range(opts.block_steps or opts.max_steps, 7, -8)]
     last_problems = []
     packed = False
     k = 0
