@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 
-from .collectives import Collective, add_contributions, contribution, make_collective, ranks_in
+from .collectives import Collective, add_contributions, contribution, make_collective, mask_of, ranks_in
 from .errors import CheckFailed, UserError
 
 FORMAT = "taccl.algorithm/1"
@@ -267,7 +267,7 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
             raise CheckFailed(f"chunk {c} never reaches rank {r}")
         if coll.combining:
             if c not in full_sum:
-                full_sum[c] = sum(1 << s for s in coll.sources(c))
+                full_sum[c] = mask_of(coll.sources(c))
             want = full_sum[c]
             summed, twice = got
             if summed != want or twice:

@@ -43,7 +43,11 @@ def min_transfers(coll: Collective) -> int:
 
 def estimate_bytes(coll: Collective) -> int:
     """A low estimate of a synthesis' peak memory (see the module docstring)."""
-    return BASE_BYTES + BYTES_PER_TRANSFER * min_transfers(coll)
+    return _bytes_for(min_transfers(coll))
+
+
+def _bytes_for(transfers: int) -> int:
+    return BASE_BYTES + BYTES_PER_TRANSFER * transfers
 
 
 def machine_memory_bytes() -> int | None:
@@ -61,10 +65,11 @@ def check_memory(coll: Collective, limit_bytes: int | None, *, path=None) -> Non
         limit, source = machine_memory_bytes(), "this machine's memory"
     if limit is None:
         return
-    need = estimate_bytes(coll)
+    transfers = min_transfers(coll)
+    need = _bytes_for(transfers)
     if need > limit:
         raise UserError(f"{coll.name} on {coll.num_ranks} ranks in {coll.num_chunks} chunks makes at least "
-                        f"{min_transfers(coll):,} transfers: synthesizing, lowering and proving it needs at least "
+                        f"{transfers:,} transfers: synthesizing, lowering and proving it needs at least "
                         f"about {_gib(need)} of memory, more than the {_gib(limit)} of {source}. "
                         f"Use fewer nodes or a smaller input_chunkup, or a larger --max-memory on a machine "
                         f"that has it", path=path)

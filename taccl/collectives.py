@@ -106,6 +106,11 @@ def add_contributions(a: tuple, b: tuple) -> tuple:
     return (a[0] | b[0], a[1] | b[1] | (a[0] & b[0]))
 
 
+def mask_of(ranks) -> int:
+    """The mask of these ranks (a full sum's `summed` part: every contributor once)."""
+    return sum(1 << r for r in ranks)
+
+
 def ranks_in(mask: int) -> list:
     return [r for r in range(mask.bit_length()) if mask >> r & 1]
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .collectives import Collective, add_contributions, contribution, ranks_in
+from .collectives import Collective, add_contributions, contribution, mask_of, ranks_in
 from .errors import UserError
 from .sketch import Sketch, sketch_from_dict
 
@@ -259,14 +259,14 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
 
 
 def _check_composition(sketch: Sketch, coll: Collective, holders: list) -> None:
-    full = (1 << coll.num_ranks) - 1
+    full = mask_of(range(coll.num_ranks))
     for c, r in sorted(coll.postcondition):
         got = holders[c].get(r)
         if got is None:
             raise UserError(f"the phases do not make up {coll.name}: after the last phase rank {r} lacks chunk {c} "
                             f"(a phase over other groups is missing)", path=sketch.path, where="$.phases")
         if coll.combining:
-            want = sum(1 << s for s in coll.sources(c)) if coll.name != "allreduce" else full
+            want = mask_of(coll.sources(c)) if coll.name != "allreduce" else full
             summed, twice = got
             if summed != want or twice:
                 dup, missing = ranks_in(twice), ranks_in(want & ~summed)

@@ -177,9 +177,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
     progress = report.progress("lowering", len(names), "fusion policies", every_s=2.0)
     first, converge, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
-    # the other policies take the first's choices: retrying the other ways of landing converging reductions would
-    # repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than the
-    # schedule's (eager fusion pins more connections to a block) would give a program on fewer channels that
+    # the other policies take the first's choices: retrying the other ways of landing converging reductions
+    # would repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than
+    # the schedule's (eager fusion pins more connections to a block) would give a program on fewer channels that
     # costs builds and a simulation to lose (16x DGX H100 AllToAll: its unproven lowering 27.5 -> 12.5 s)
     kw["converges"] = (converge,)
     kw["instances"] = instances_kept
