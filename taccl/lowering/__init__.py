@@ -95,6 +95,12 @@ class LoweringOptions:
 # named fusion policies (`lower`'s `fusion`, `taccl lower --fusion`, a SKU's `fusion` variant); "auto" lowers
 # every one that applies and keeps the fastest at the algorithm's input size
 FUSION_POLICIES = ("auto", "schedule", "eager", "none", "network")
+# "auto" also ranks the schedule's fusion lowered on one instance with at most this many steps a thread block
+# before a connection's next transfers take another channel (`LoweringOptions.block_steps`): a connection
+# then runs on as many blocks as its transfers need, each step a whole chunk, where instances split every
+# chunk into smaller steps on every connection. Saved 16-node DGX H100 and A100 algorithms simulate 18-28%
+# faster at 1 MiB this way than lowered as synthesized; at 16 MiB they tie or lose (docs/lowering.md)
+SPREAD_BLOCK_STEPS = 8
 # above this many transfers "auto" lowers the schedule's policy alone: each policy's build takes minutes there
 # (64x DGX H100 AllToAll, 487424 transfers: 97, 214, 72 and 40 s, then a simulation of each distinct program)
 AUTO_POLICIES_MAX_TRANSFERS = 100_000
@@ -128,8 +134,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     of its two connections in one order), so no choice wins everywhere: with a `topology` and no
     `keep_schedule`, both, no fusion at all and (on several nodes) fusion wherever allowed plus each fan-out
     fused with a send that leaves the node (`taccl.lowering.fusion`: the sum of a rail's reduction sent back
-    over the network without a flag wait) are lowered, and the one the calibrated simulator finds fastest at the
-    algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
+    over the network without a flag wait) are lowered, and, where neither `instances` nor `block_steps` is
+    given, the schedule's fusion spread over channels on one instance (`SPREAD_BLOCK_STEPS`); the one the
+    calibrated simulator finds fastest at the algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
     (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. The candidates
     are lowered unchecked and only that one is proven (on 16 nodes a proof takes seconds); a policy whose
     program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling
@@ -145,8 +152,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     `block_steps` (`LoweringOptions.block_steps`) below 64 spreads each connection's transfers over more
     channels, one thread block each: with one instance at 8 steps a block, 16-node DGX H100 and A100
     programs simulate 18-28% faster at 1 MiB than lowered as synthesized (four instances, which split every
-    chunk into more, smaller steps, or one instance at 64), and tie or lose at 16 MiB. It is not among the
-    candidates "auto" ranks.
+    chunk into more, smaller steps, or one instance at 64), and tie or lose at 16 MiB. Given, it applies to
+    every candidate "auto" ranks.
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
@@ -170,12 +177,17 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # simulated and dropped
     kw["check"] = False
     names = ["schedule", "eager", "none"] + (["network"] if topology.nodes > 1 else [])
+    policies = [_fusion_policy(n, topology) for n in names]
+    if block_steps is None and instances is None:
+        # the schedule's fusion spread over channels on one instance (see SPREAD_BLOCK_STEPS)
+        names.append("spread")
+        policies.append({**policies[0], "instances": 1, "block_steps": SPREAD_BLOCK_STEPS})
     if len(algorithm.transfers) > AUTO_POLICIES_MAX_TRANSFERS:
         report(f"lowering: {len(algorithm.transfers)} transfers > {AUTO_POLICIES_MAX_TRANSFERS}: only the "
                f"schedule's fusion policy (`taccl lower --fusion` lowers another)")
-        names = names[:1]
+        names, policies = names[:1], policies[:1]
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
-    progress = report.progress("lowering", len(names), "fusion policies", every_s=2.0)
+    progress = report.progress("lowering", len(names), "lowering policies", every_s=2.0)
     first, converge, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choices: retrying the other ways of landing converging reductions
     # would repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than
@@ -183,7 +195,6 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     # costs builds and a simulation to lose (16x DGX H100 AllToAll: its unproven lowering 27.5 -> 12.5 s)
     kw["converges"] = (converge,)
     kw["instances"] = instances_kept
-    policies = [_fusion_policy(n, topology) for n in names]
     candidates = {0: first}  # policy index -> its program
     seen = {_fingerprint(first)}
     for k, policy in enumerate(policies[1:], 1):
@@ -204,7 +215,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
         retry = deadlocked - proven if check else set()
         if not retry:
             if check and best not in proven:
-                report(f"lowering: proving the fastest (fusion policy {names[best]!r}, "
+                report(f"lowering: proving the fastest (policy {names[best]!r}, "
                        f"{candidates[best].nsteps} steps)")
             if not check or best in proven or verify_program(candidates[best]).ok:
                 return candidates[best]
