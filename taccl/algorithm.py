@@ -136,6 +136,8 @@ def collective_to_json(coll: Collective) -> dict:
     doc = {"name": coll.name, "num_ranks": coll.num_ranks, "chunkup": coll.chunkup, "root": coll.root}
     if coll.form:
         doc["form"] = coll.form
+    if coll.local_blocks:
+        doc["local_blocks"] = coll.local_blocks
     from .collectives import NAMES
 
     if coll.name not in NAMES:  # user-defined: keep its full definition
@@ -160,7 +162,7 @@ def collective_from_json(doc: dict) -> Collective:
                  output_index={(c, r): c for c, r in post}, input_chunks=max(count.values(), default=0),
                  output_chunks=cu["chunks"])
     return make_collective(doc["name"], doc["num_ranks"], doc.get("chunkup", 1), root=doc.get("root") or 0,
-                           form=doc.get("form", ""))
+                           form=doc.get("form", ""), local_blocks=doc.get("local_blocks", 0))
 
 
 def exchange_partners(transfers) -> dict:

@@ -51,6 +51,9 @@ class Collective:
     output_chunks: int = 0  # chunks per output buffer (o_chunks)
     # The rank positions inside each label, used to apply rank permutations.
     label_rank_slots: tuple = ()
+    # AllReduce: the buffer holds the chunks of ranks r, r + local_blocks, r + 2 local_blocks, ... side by side
+    # (`make_collective`); 0: in rank order
+    local_blocks: int = 0
 
     def __post_init__(self):
         self._by_label = {lab: c for c, lab in enumerate(self.labels)}
@@ -120,7 +123,13 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(str(name).lower(), str(name).lower())
 
 
-def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0, form: str = "") -> Collective:
+def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0, form: str = "",
+                    local_blocks: int = 0) -> Collective:
+    """A built-in collective. `local_blocks` (an AllReduce's, reduced and broadcast: any rank may sum any
+    piece of its buffer) lays the buffer out by owner rank modulo `local_blocks` (the GPUs per node):
+    the pieces that one GPU of every node sums in a node phase (`taccl.phases`) are then one contiguous
+    block, so the transfers of a node phase between two GPUs can be sent as a few steps of many chunks
+    instead of one step per chunk (`taccl.contiguity.coalesce`)."""
     name = canonical_name(name)
     if name not in NAMES:
         raise UserError(f"unknown collective {name!r}; known: {', '.join(NAMES)} (or a JSON file with a custom one)")
@@ -200,9 +209,19 @@ def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 
                 pre.add((c, root)); inp[(c, root)] = c
                 post.add((c, d)); out[(c, d)] = i
         slots, ic, oc = (0, 2), R * k, k
+    if local_blocks:
+        if name != "allreduce" or form or local_blocks < 2 or R % local_blocks:
+            raise UserError(f"local_blocks {local_blocks} applies to an AllReduce (reduce-broadcast) whose "
+                            f"{R} ranks it divides, not a {form + ' ' if form else ''}{name}")
+        per = R // local_blocks
+        # piece i of rank r = node * local_blocks + local goes to block `local`, place `node`
+        position = [((r % local_blocks) * per + r // local_blocks) * k + i for r in range(R) for i in range(k)]
+        inp = {key: position[key[0]] for key in inp}
+        out = {key: position[key[0]] for key in out}
     return Collective(name=name, num_ranks=R, chunkup=k, num_chunks=len(labels), precondition=frozenset(pre),
                       postcondition=frozenset(post), combining=combining, root=rt, form=form, labels=labels,
-                      input_index=inp, output_index=out, input_chunks=ic, output_chunks=oc, label_rank_slots=slots)
+                      input_index=inp, output_index=out, input_chunks=ic, output_chunks=oc, label_rank_slots=slots,
+                      local_blocks=local_blocks)
 
 
 def load_custom_collective(path, num_ranks: int) -> Collective:

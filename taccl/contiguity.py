@@ -119,13 +119,62 @@ def schedule_times(tasks, sched: Schedule) -> Contiguity:
     return Contiguity(groups, max((g.finish_us for g in groups), default=0.0))
 
 
-MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building; keep the greedy times
+MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building: merge greedily
+# chunks a greedy merge puts in one send: two sends for a 128-chunk block (the executor's steps carry at most
+# 71 chunks, `taccl.lowering`'s cap; a bigger group would be split unevenly)
+MAX_GROUP_CHUNKS = 64
+
+
+def coalesce(tasks, sched: Schedule, adjacent, max_chunks: int = MAX_GROUP_CHUNKS) -> set:
+    """Greedy merges, for problems too big for the MILP: on each connection, in its order, a task joins the
+    group before it when it carries that group's next chunk in both buffers (`adjacent`), does the same
+    thing (op), holds the same lanes, and could have started with the group (each predecessor arrived, plus
+    its sync, by the group's first start). The later members then move up to the first's place in every
+    order they hold (`sched.order` is rewritten): they start earlier, nothing starts later for them, and the
+    orders stay acyclic (every order edge between groups is one between their first members, or goes
+    forward in time). Returns the merged pairs (j, k), k right after j in its group."""
+    merged = set()
+    members = {}  # group head -> the tasks after it
+    for key, ids in sched.order.items():
+        if key[0] != "conn":
+            continue
+        head = last = None
+        for i in ids:
+            t = tasks[i]
+            if (last is not None and len(members.get(head, ())) + 1 < max_chunks and t.op == tasks[last].op
+                    and t.exchange is None is tasks[head].exchange and sched.keys[i] == sched.keys[head] and adjacent(tasks[last], t)
+                    and all(sched.finish[p] + t.sync_us <= sched.start[head] + 1e-9 for p in t.preds)):
+                merged.add((last, i))
+                members.setdefault(head, []).append(i)
+            else:
+                head = i
+            last = i
+    if merged:
+        later = {i for ms in members.values() for i in ms}
+        for key, ids in sched.order.items():
+            out = []
+            for i in ids:
+                if i not in later:
+                    out.append(i)
+                    out.extend(members.get(i, ()))
+            sched.order[key] = out
+    return merged
 
 
 def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT,
-               fifo_depth: int = 0) -> Contiguity:
+               fifo_depth: int = 0, coalesce_adjacent=None) -> Contiguity:
+    """The groups and their exact times: merges chosen by the MILP up to `MAX_MILP_TASKS` tasks; above,
+    by `coalesce` with `coalesce_adjacent` where the caller gives it (none otherwise)."""
     skip = None
     if len(tasks) > MAX_MILP_TASKS:
+        merged = coalesce(tasks, sched, coalesce_adjacent) if coalesce_adjacent else set()
+        if merged:
+            out = exact_times(tasks, sched, merged, fifo_depth)
+            out.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
+                         "status": "greedy", "gap": 0.0, "objective": out.makespan_us, "merged_pairs": len(merged)}
+            report(f"contiguity: {len(tasks)} transfers > {MAX_MILP_TASKS}, merged greedily into {len(out.groups)} "
+                   f"sends ({len(merged)} merges); schedule {out.makespan_us:.2f} us (greedy {sched.makespan_us:.2f})")
+            return out
         skip = f"skipped ({len(tasks)} transfers > {MAX_MILP_TASKS}; greedy times kept, no merges)"
     else:
         cands = merge_candidates(tasks, sched, adjacent)

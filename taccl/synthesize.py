@@ -29,7 +29,7 @@ from .errors import UserError
 from .ordering import Task, best_schedule, rotation_turns
 from .phases import chunk_targets, plan_phases, relocate
 from .problem import Problem, build_problem
-from .program import Proto
+from .program import MAX_NODES, Proto
 from .progress import SILENT
 from .routing import route
 from .sketch import DEFAULT_INPUT_SIZE, Sketch, load_sketch
@@ -75,7 +75,7 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     elif name.endswith(".json"):
         coll = load_custom_collective(name, topo.num_ranks)
     else:
-        coll = sketch_collective(sketch, name, topo.num_ranks)
+        coll = sketch_collective(sketch, name, topo)
     if input_size is not None:
         size = parse_size(input_size, where="--size")
     else:
@@ -85,10 +85,16 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     return topo, coll, size
 
 
-def sketch_collective(sketch: Sketch, name: str, num_ranks: int) -> Collective:
-    """The built-in collective `name` with the sketch's chunk-up, root and (for AllReduce) form."""
-    form = sketch.allreduce_form if canonical_name(name) == "allreduce" else ""
-    return make_collective(name, num_ranks, sketch.chunkup, root=sketch.collective_root, form=form)
+def sketch_collective(sketch: Sketch, name: str, topo) -> Collective:
+    """The built-in collective `name` on `topo`'s ranks with the sketch's chunk-up, root and (for AllReduce)
+    form. A phased AllReduce over several nodes lays its buffer out in blocks by local index (see
+    `make_collective`'s `local_blocks`): a node phase then moves contiguous blocks."""
+    allreduce = canonical_name(name) == "allreduce"
+    form = sketch.allreduce_form if allreduce else ""
+    blocks = (topo.gpus_per_node if allreduce and form in ("", "reduce-broadcast") and sketch.phases
+              and topo.nodes > 1 and topo.gpus_per_node > 1 else 0)
+    return make_collective(name, topo.num_ranks, sketch.chunkup, root=sketch.collective_root, form=form,
+                           local_blocks=blocks)
 
 
 def _link_info(prob: Problem, src: int, dst: int):
@@ -173,6 +179,16 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
     return tasks
 
 
+def _past_node_limit(tasks, topo) -> bool:
+    """Whether a rank's transfers, one XML step each with the algo and gpu elements, pass the executor's
+    MAX_NODES (a forward fused with its receive is one step, so this can overcount; the lowering decides)."""
+    steps = [0] * topo.num_ranks
+    for t in tasks:
+        steps[t.src] += 1
+        steps[t.dst] += 1
+    return 1 + topo.num_ranks + max(steps, default=0) > MAX_NODES
+
+
 def _adjacency(coll: Collective, merge_links: str):
     """Whether two tasks may be sent as one: the link policy, and contiguous chunks in both buffers."""
 
@@ -226,8 +242,11 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
                        "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us})
     report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")
     merge = options.merge_links or sketch.merge_links
+    # where one transfer a step could not fit the executor, the greedy merge above the MILP's size works on
+    # every link the sketch does not forbid (its "internode" default is there to keep the MILP small)
+    coalesce = _adjacency(coll, "all" if merge != "none" else merge) if _past_node_limit(tasks, topo) else None
     cont = contiguity(tasks, sched, _adjacency(coll, merge), solver=run.solver, options=run.milp_opts, report=report,
-                      fifo_depth=depth)
+                      fifo_depth=depth, coalesce_adjacent=coalesce)
     run.stages.append(cont.stats)
     algo = _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched)
     _fold_tails(algo, folds)

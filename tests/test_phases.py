@@ -105,6 +105,41 @@ def test_a_pair_exchanges_its_partial_sums(tmp_path):
     assert report["checked"] and report["wrong"] == 0
 
 
+def test_an_allreduce_past_the_node_limit_sends_node_phase_blocks_as_one(tmp_path, monkeypatch):
+    # a phased AllReduce lays its buffer out by local index: the pieces GPU 1 of every node sums sit side by
+    # side; where one transfer a step would pass the executor's XML node limit and the problem is past the
+    # contiguity MILP's size, a connection's transfers of consecutive pieces that could start together are
+    # merged greedily into one send. The algorithm is verified, the program proven and its sum right.
+    import taccl.contiguity as contiguity_mod
+    import taccl.synthesize as synthesize_mod
+    from taccl.algorithm import Algorithm
+
+    coll = make_collective("allreduce", 6, local_blocks=2)
+    assert [coll.input_index[(c, 0)] for c in range(6)] == [0, 3, 1, 4, 2, 5]  # ranks 1, 3, 5: places 3-5
+    assert coll.output_index == coll.input_index
+    with pytest.raises(UserError, match="local_blocks 2 applies to an AllReduce"):
+        make_collective("allgather", 6, local_blocks=2)
+    monkeypatch.setattr(contiguity_mod, "MAX_MILP_TASKS", 10)
+    plain = synthesize(sketch(tmp_path, collective="allreduce"), options=SynthesisOptions(time_limit_s=20))
+    assert plain.collective["local_blocks"] == 2 and plain.stages[2]["status"].startswith("skipped")
+    monkeypatch.setattr(synthesize_mod, "MAX_NODES", 20)
+    algo = synthesize(sketch(tmp_path, collective="allreduce"), options=SynthesisOptions(time_limit_s=20))
+    assert algo.stages[2]["status"] == "greedy" and len(algo.transfers) < len(plain.transfers)
+    node_sends = [t for t in algo.transfers if t.link == "sw"]
+    assert max(len(t.chunks) for t in node_sends) == 3  # a node's three pieces for one GPU, one send
+    assert Algorithm.from_json(algo.to_json()).make_collective().local_blocks == 2
+    program = lower(algo)  # proven by the checker, or it raises
+    assert any(s.cnt > 1 for g in program.gpus for tb in g.threadblocks for s in tb.steps)
+    path = write_program(program, tmp_path / "allreduce.xml")
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import run_program
+
+    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
+    assert report["checked"] and report["wrong"] == 0
+
+
 def test_phases_are_composed_chunk_by_chunk(tmp_path):
     """A chunk's node phase starts as soon as that chunk crossed the network, not after the whole rail phase."""
     algo = synthesize(sketch(tmp_path, collective="allgather"), options=SynthesisOptions(time_limit_s=20))

@@ -270,7 +270,7 @@ def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:
 
     try:
         topo = Topology(spec, nodes)
-        coll = sketch_collective(sketch, collective, topo.num_ranks)
+        coll = sketch_collective(sketch, collective, topo)
         build_problems(sketch, topo, coll, 1 << 20)
     except UserError as exc:
         return str(exc)
