@@ -68,11 +68,18 @@ def merge_candidates(tasks, sched: Schedule, adjacent) -> list:
 def exact_times(tasks, sched: Schedule, merged: set, fifo_depth: int = 0) -> Contiguity:
     """Groups from the merged pairs, and their ASAP times given the fixed orders."""
     head = list(range(len(tasks)))
-    for j, k in sorted(merged, key=lambda p: sched.start[p[0]]):
-        head[k] = head[j]
+
+    def find(i):
+        while head[i] != i:
+            head[i] = head[head[i]]
+            i = head[i]
+        return i
+
+    for j, k in merged:
+        head[find(k)] = find(j)
     members = {}
     for i in sorted(range(len(tasks)), key=lambda i: (sched.start[i], i)):
-        members.setdefault(head[i], []).append(i)
+        members.setdefault(find(i), []).append(i)
     groups = {h: Group(ids) for h, ids in members.items()}
     gof = {i: h for h, ids in members.items() for i in ids}
     # Group-level DAG: data predecessors (start after their arrival), connection order (start after their
@@ -120,35 +127,44 @@ def schedule_times(tasks, sched: Schedule) -> Contiguity:
 
 
 MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building: merge greedily
-# chunks a greedy merge puts in one send: two sends for a 128-chunk block (the executor's steps carry at most
-# 71 chunks, `taccl.lowering`'s cap; a bigger group would be split unevenly)
-MAX_GROUP_CHUNKS = 64
-
-
-def coalesce(tasks, sched: Schedule, adjacent, max_chunks: int = MAX_GROUP_CHUNKS) -> set:
-    """Greedy merges, for problems too big for the MILP: on each connection, in its order, a task joins the
-    group before it when it carries that group's next chunk in both buffers (`adjacent`), does the same
-    thing (op), holds the same lanes, and could have started with the group (each predecessor arrived, plus
-    its sync, by the group's first start). The later members then move up to the first's place in every
-    order they hold (`sched.order` is rewritten): they start earlier, nothing starts later for them, and the
-    orders stay acyclic (every order edge between groups is one between their first members, or goes
-    forward in time). Returns the merged pairs (j, k), k right after j in its group."""
+def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set:
+    """Greedy merges, for problems too big for the MILP. On each connection, a window is a run of tasks in
+    its order that do the same thing (op), hold the same lanes and could all have started with the first
+    (each predecessor arrived, plus its sync, by then): in any order, so a window's tasks are sorted by their
+    place in the source buffer (`position`) and each run of consecutive chunks in both buffers (`adjacent`),
+    up to `max_chunks`, becomes one send. A send takes the place of its earliest task in every order it holds
+    (`sched.order` is rewritten): its tasks start no later, and every order edge between sends is one
+    between their earliest tasks or goes forward in time, so the orders stay acyclic. Returns the merged
+    pairs (j, k) (`exact_times` joins them into groups)."""
     merged = set()
-    members = {}  # group head -> the tasks after it
+    members = {}  # a send's earliest task -> its other tasks
+
+    def joins(i, first):
+        t = tasks[i]
+        return (t.op == tasks[first].op and t.exchange is None and sched.keys[i] == sched.keys[first]
+                and all(sched.finish[p] + t.sync_us <= sched.start[first] + 1e-9 for p in t.preds))
+
     for key, ids in sched.order.items():
         if key[0] != "conn":
             continue
-        head = last = None
-        for i in ids:
-            t = tasks[i]
-            if (last is not None and len(members.get(head, ())) + 1 < max_chunks and t.op == tasks[last].op
-                    and t.exchange is None is tasks[head].exchange and sched.keys[i] == sched.keys[head] and adjacent(tasks[last], t)
-                    and all(sched.finish[p] + t.sync_us <= sched.start[head] + 1e-9 for p in t.preds)):
-                merged.add((last, i))
-                members.setdefault(head, []).append(i)
-            else:
-                head = i
-            last = i
+        a = 0
+        while a < len(ids):
+            b = a + 1
+            if tasks[ids[a]].exchange is None:
+                while b < len(ids) and joins(ids[b], ids[a]):
+                    b += 1
+            window = sorted(ids[a:b], key=lambda i: position(tasks[i]))
+            run = [window[0]]
+            for i in window[1:] + [None]:
+                if i is not None and len(run) < max_chunks and adjacent(tasks[run[-1]], tasks[i]):
+                    run.append(i)
+                    continue
+                if len(run) > 1:
+                    merged.update(zip(run, run[1:]))
+                    earliest = min(run, key=lambda j: (sched.start[j], j))
+                    members[earliest] = [j for j in run if j != earliest]
+                run = [i]
+            a = b
     if merged:
         later = {i for ms in members.values() for i in ms}
         for key, ids in sched.order.items():
@@ -162,12 +178,13 @@ def coalesce(tasks, sched: Schedule, adjacent, max_chunks: int = MAX_GROUP_CHUNK
 
 
 def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT,
-               fifo_depth: int = 0, coalesce_adjacent=None) -> Contiguity:
+               fifo_depth: int = 0, coalesce_with=None) -> Contiguity:
     """The groups and their exact times: merges chosen by the MILP up to `MAX_MILP_TASKS` tasks; above,
-    by `coalesce` with `coalesce_adjacent` where the caller gives it (none otherwise)."""
+    by `coalesce` where the caller gives its (adjacent, position, max_chunks) as `coalesce_with` (none
+    otherwise)."""
     skip = None
     if len(tasks) > MAX_MILP_TASKS:
-        merged = coalesce(tasks, sched, coalesce_adjacent) if coalesce_adjacent else set()
+        merged = coalesce(tasks, sched, *coalesce_with) if coalesce_with else set()
         if merged:
             out = exact_times(tasks, sched, merged, fifo_depth)
             out.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,

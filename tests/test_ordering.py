@@ -92,3 +92,23 @@ def test_list_schedule_follows_its_definition(seed):
             want_start, want_finish = reference_schedule(tasks, variant, lanes, fifo_depth, turns)
             assert got.start == want_start and got.finish == want_finish, (variant, fifo_depth)
             assert got.makespan_us == max(want_finish)
+
+
+def test_past_the_size_cap_one_variant_is_scheduled(monkeypatch):
+    # four list schedules of a million tasks take minutes: above the cap only "remaining" runs, with the turns
+    import taccl.ordering as ordering
+
+    tasks = exchange_tasks(random.Random(3))
+    turns = [t.dst for t in tasks]
+    calls = []
+    original = ordering.list_schedule
+
+    def counted(tasks, variant, *a, **kw):
+        calls.append(variant)
+        return original(tasks, variant, *a, **kw)
+
+    monkeypatch.setattr(ordering, "list_schedule", counted)
+    assert ordering.best_schedule(tasks, turns=turns) is not None and len(calls) == 4
+    calls.clear()
+    monkeypatch.setattr(ordering, "ALL_VARIANTS_MAX_TASKS", len(tasks) - 1)
+    assert ordering.best_schedule(tasks, turns=turns).variant == "remaining+turns" and calls == ["remaining"]
