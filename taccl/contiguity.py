@@ -127,6 +127,8 @@ def schedule_times(tasks, sched: Schedule) -> Contiguity:
 
 
 MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building: merge greedily
+
+
 def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set:
     """Greedy merges, for problems too big for the MILP. On each connection, a window is a run of tasks in
     its order that do the same thing (op), hold the same lanes and could all have started with the first

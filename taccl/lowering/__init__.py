@@ -136,11 +136,12 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     fused with a send that leaves the node (`taccl.lowering.fusion`: the sum of a rail's reduction sent back
     over the network without a flag wait) are lowered, and, where neither `instances` nor `block_steps` is
     given, the schedule's fusion spread over channels on one instance (`SPREAD_BLOCK_STEPS`); the one the
-    calibrated simulator finds fastest at the algorithm's input size is returned; within `taccl.simulator.TIE_TOLERANCE` of each other
-    (a tie), the fastest at a size 1024 times smaller (at least 1 KiB), then the schedule's. The candidates
-    are lowered unchecked and only that one is proven (on 16 nodes a proof takes seconds); a policy whose
-    program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling
-    back to the next mode) and the candidates are ranked again. Without a topology, or above
+    calibrated simulator finds fastest at the algorithm's input size is returned; within
+    `taccl.simulator.TIE_TOLERANCE` of each other (a tie), the fastest at a size 1024 times smaller (at
+    least 1 KiB), then the schedule's. The candidates are lowered unchecked and only that one is proven (on
+    16 nodes a proof takes seconds); a policy whose program fails the proof or deadlocks in simulation is
+    lowered again proving each fusion mode (falling back to the next mode) and the candidates are ranked
+    again. Without a topology, or above
     `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is the only one lowered.
 
     `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
