@@ -58,9 +58,10 @@ def machine_memory_bytes() -> int | None:
         return None
 
 
-def check_memory(coll: Collective, limit_bytes: int | None, *, path=None) -> None:
-    """Raise `UserError` when synthesizing `coll` needs more than `limit_bytes` (None: this machine's memory)."""
-    limit, source = limit_bytes, "--max-memory"
+def check_memory(coll: Collective, limit_bytes: int | None, *, path=None, source: str = "--max-memory") -> None:
+    """Raise `UserError` when synthesizing `coll` needs more than `limit_bytes` (None: this machine's memory;
+    `source` says where a given limit comes from)."""
+    limit = limit_bytes
     if limit is None:
         limit, source = machine_memory_bytes(), "this machine's memory"
     if limit is None:

@@ -59,6 +59,7 @@ class SynthesisOptions:
     proto: str | None = None  # runtime protocol to cost links for and lower with (None: the sketch's, Simple)
     instances: int | None = None  # thread blocks per connection when lowered (None: the sketch's, 1)
     max_memory_bytes: int | None = None  # refuse problems estimated larger (None: this machine's memory)
+    max_memory_source: str = "--max-memory"  # where that limit comes from, for the refusal
 
 
 def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None):
@@ -236,7 +237,7 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
                options: SynthesisOptions | None = None, report=SILENT, name: str | None = None) -> Algorithm:
     options = options or SynthesisOptions()
     topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size)
-    check_memory(coll, options.max_memory_bytes, path=sketch.path)
+    check_memory(coll, options.max_memory_bytes, path=sketch.path, source=options.max_memory_source)
     run = _Run(sketch, options)
     stages = build_problems(sketch, topo, coll, size, proto=options.proto, instances=options.instances)
     tasks = []

@@ -230,6 +230,16 @@ def test_failed_synthesis_falls_back_to_the_best_baseline(tmp_path, monkeypatch)
     assert all(r["kind"] == "baseline" and r["file"] != "-" for r in rows(out))
 
 
+def test_local_workers_share_the_machines_memory(tmp_path, monkeypatch):
+    # two workers on a machine of 250 MiB: each synthesis may use 125 MiB, below the smallest estimate
+    # (`taccl.budget`), so every one is refused before its solver runs, with the reason in the report
+    monkeypatch.setattr("taccl.batch.machine_memory_bytes", lambda: 250 << 20)
+    out = tmp_path / "out"
+    result = run_batch(sku_file(tmp_path), out, workers=2)
+    assert result.failed == 8
+    assert "more than the 125 MiB of this machine's memory shared by 2 worker(s)" in (out / "report.md").read_text()
+
+
 def test_a_winning_baseline_larger_than_the_executor_loads_is_left_to_nccl(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise UserError("the solver found no routing (test)")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..budget import machine_memory_bytes
 from ..errors import UserError
 from ..progress import SILENT
 from .cache import OutdirLock, Store
@@ -150,6 +151,13 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
         report(f"{sku.name}: {len(tasks)} jobs ({sum(t.kind == 'synthesis' for t in tasks)} syntheses), "
                f"{len(tasks) - len(todo)} answered by the cache, {len(todo)} to run on {workers} {executor} worker(s)")
         progress = Progress(len(todo), workers, report)
+        if executor == "local":
+            # the local workers share this machine's memory: each synthesis is refused past its share
+            # (`taccl.budget`); Ray's workers may be other machines, each checks against its own
+            memory = machine_memory_bytes()
+            for task in todo:
+                task.max_memory_bytes = memory // workers if memory else None
+                task.max_memory_source = f"this machine's memory shared by {workers} worker(s) (--workers)"
         if todo:
             run = run_ray if executor == "ray" else run_local
             kw = {"address": ray_address} if executor == "ray" else {}

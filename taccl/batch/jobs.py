@@ -89,6 +89,8 @@ class Task:
     solver: dict = field(default_factory=dict)
     # baseline
     baseline: str | None = None
+    max_memory_bytes: int | None = None  # a synthesis' memory budget (`taccl.budget`; None: the machine's)
+    max_memory_source: str = ""  # where that budget comes from
     # filled by the scheduler from the cache, so a worker never needs to read it
     done: set = field(default_factory=set)
     cached: dict = field(default_factory=dict)
@@ -239,7 +241,9 @@ def _synthesize(task: Task) -> dict:
                           input_size=str(task.size_bytes),
                           name=task.label.replace("@", "-").replace("/", "-"),
                           options=SynthesisOptions(solver=s["name"], time_limit_s=s["time_limit_s"],
-                                                   stall_s=s["stall_s"], threads=s["threads"], seed=s["seed"]))
+                                                   stall_s=s["stall_s"], threads=s["threads"], seed=s["seed"],
+                                                   max_memory_bytes=task.max_memory_bytes,
+                                                   max_memory_source=task.max_memory_source))
     except Exception as exc:  # a failed job is a result too: reported, and the others go on
         reason, tb = _reason(exc)
         return failure(task.key, "synthesis", reason, label=task.label, traceback=tb,
