@@ -65,6 +65,7 @@ class Algorithm:
     sketch: str | None = None
     protocol: str = "Simple"  # the runtime protocol the costs are for and the lowering uses by default
     instances: int = 1  # thread blocks per connection the costs assume and the lowering uses by default
+    block_steps: int | None = None  # the step cap per thread block the lowering starts at by default (the sketch's)
     call_us: float = 0.0  # the runtime's fixed cost per call, included in time_us
 
     def load_topology(self):
@@ -109,7 +110,8 @@ class Algorithm:
                        lower_bound_us=float(doc.get("lower_bound_us", 0.0)), lower_bounds=dict(doc.get("lower_bounds", {})),
                        stages=list(doc.get("stages", [])), notes=list(doc.get("notes", [])), sketch=doc.get("sketch"),
                        protocol=str(doc.get("protocol", "Simple")), instances=int(doc.get("instances", 1)),
-                       call_us=float(doc.get("call_us", 0.0)))
+                       call_us=float(doc.get("call_us", 0.0)),
+                       block_steps=None if doc.get("block_steps") is None else int(doc["block_steps"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"malformed algorithm file: {exc!r}", path=path) from None
         if algo.protocol not in ("Simple", "LL128", "LL"):

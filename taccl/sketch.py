@@ -30,6 +30,7 @@ class Sketch:
     chunkup: int = 1
     protocol: str | None = None  # runtime protocol to synthesize and lower for (None: Simple)
     instances: int | None = None  # thread blocks per connection in the lowered program (None: 1)
+    block_steps: int | None = None  # the lowering's first step cap per thread block (None: the executor's 64)
     allreduce_form: str = "reduce-broadcast"  # or "one-shot" (taccl.collectives.make_collective's `form`)
     intranode_strategy: str = "none"
     switches: list = field(default_factory=list)  # lists of local GPUs
@@ -84,6 +85,7 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
     sk.chunkup = hp.get("input_chunkup", 1)
     sk.protocol = hp.get("protocol")
     sk.instances = hp.get("instances")
+    sk.block_steps = hp.get("block_steps")
     sk.allreduce_form = hp.get("allreduce", "reduce-broadcast")
     intra = doc.get("intranode_sketch", {"strategy": "none"})
     sk.intranode_strategy = intra["strategy"]

@@ -435,7 +435,7 @@ def _fold_tails(algo: Algorithm, folds: dict) -> None:
 def _finish(algo: Algorithm, topo, coll, size, prob: Problem) -> None:
     """Protocol, instances, the runtime's call cost (every call pays it: part of the predicted time) and the
     lower bound of programs in that protocol."""
-    algo.protocol, algo.instances = prob.proto, prob.instances
+    algo.protocol, algo.instances, algo.block_steps = prob.proto, prob.instances, prob.sketch.block_steps
     algo.call_us = topo.spec.call_us.get(prob.proto, 0.0)
     algo.time_us += algo.call_us
     algo.lower_bounds = lower_bounds(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)

@@ -705,7 +705,10 @@ def test_fewer_steps_per_block_spread_connections_over_more_channels():
 
     root = Path(__file__).resolve().parent.parent
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-n128.json"), nodes=16, input_size="1M")
+    # the sketch's hyperparameter: kept in the algorithm, where the lowering starts by default
+    assert algo.block_steps == Algorithm.from_json(algo.to_json()).block_steps == 32
     plain = lower(algo, fusion="schedule")
+    assert program_to_xml(plain) == program_to_xml(lower(algo, fusion="schedule", block_steps=32))
     spread = lower(algo, fusion="schedule", block_steps=8)
     assert (plain.nchannels, spread.nchannels) == (1, 2) and spread.nsteps == plain.nsteps
     assert spread.max_threadblocks > plain.max_threadblocks and check_program(spread).ok

@@ -153,13 +153,15 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     `block_steps` (`LoweringOptions.block_steps`) below 64 spreads each connection's transfers over more
     channels, one thread block each: with one instance at 8 steps a block, 16-node DGX H100 and A100
     programs simulate 18-28% faster at 1 MiB than lowered as synthesized (four instances, which split every
-    chunk into more, smaller steps, or one instance at 64), and tie or lose at 16 MiB. Given, it applies to
-    every candidate "auto" ranks.
+    chunk into more, smaller steps, or one instance at 64), and tie or lose at 16 MiB. Given (or by the
+    sketch: `Algorithm.block_steps`), it applies to every candidate "auto" ranks.
 
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     Progress (each policy lowered, the ranking, the proof) goes to `report`.
     """
+    if block_steps is None:
+        block_steps = algorithm.block_steps  # the sketch's, if it gives one
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
               fuse=fuse, check=check, name=name, block_steps=block_steps)
     if fusion != "auto":
