@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from . import solver as milp
 from .ordering import Schedule, Task, topological_order
 from .progress import SILENT
+from .symmetry import DisjointSets
 
 
 @dataclass
@@ -67,19 +68,12 @@ def merge_candidates(tasks, sched: Schedule, adjacent) -> list:
 
 def exact_times(tasks, sched: Schedule, merged: set, fifo_depth: int = 0) -> Contiguity:
     """Groups from the merged pairs, and their ASAP times given the fixed orders."""
-    head = list(range(len(tasks)))
-
-    def find(i):
-        while head[i] != i:
-            head[i] = head[head[i]]
-            i = head[i]
-        return i
-
+    sets = DisjointSets()
     for j, k in merged:
-        head[find(k)] = find(j)
+        sets.union(j, k)
     members = {}
     for i in sorted(range(len(tasks)), key=lambda i: (sched.start[i], i)):
-        members.setdefault(find(i), []).append(i)
+        members.setdefault(sets.find(i) if i in sets.parent else i, []).append(i)
     groups = {h: Group(ids) for h, ids in members.items()}
     gof = {i: h for h, ids in members.items() for i in ids}
     # Group-level DAG: data predecessors (start after their arrival), connection order (start after their

@@ -54,7 +54,7 @@ class Orbits:
     def link_orbit_reps(self) -> list:
         """One link per orbit of links under the group, the least index (union-find over the generators'
         images)."""
-        sets = _DisjointSets()
+        sets = DisjointSets()
         for g in self.prob.generators:
             for li in range(len(self.prob.links)):
                 sets.union(li, self.image_link(g, li))
@@ -64,7 +64,7 @@ class Orbits:
         """The least (by repr) resource of each orbit under the group, `loads` giving each link's (resource,
         busy time) pairs in a fixed order; None when a generator does not map resources to resources (a
         link's image shares its resources with other links than their images do)."""
-        sets = _DisjointSets()
+        sets = DisjointSets()
         for g in self.prob.generators:
             image = {}
             for li, pairs in enumerate(loads):
@@ -78,7 +78,7 @@ class Orbits:
         return {min(s, key=repr) for s in sets.groups(res for pairs in loads for res, _ in pairs)}
 
 
-class _DisjointSets:
+class DisjointSets:
     """Union-find over hashable items (path halving)."""
 
     def __init__(self):
