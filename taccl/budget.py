@@ -4,7 +4,7 @@ A synthesis holds a few objects per transfer at once (the ordering's tasks, the 
 instructions and steps, the proofs' state), so its peak grows with the transfers. A collective needs at
 least one transfer for each rank that must receive a chunk it lacks, and a combining one also one for each
 contribution that must be summed (`min_transfers`). Peaks measured with `taccl solve` (XML included) run
-from 2.7 KiB per such transfer (128x DGX H100 AllReduce: 2.1 M, 5.6 GiB, its node phases sent several
+from 2.7 KiB per such transfer (128x DGX H100 AllReduce: 2.1 M, 5.5 GiB, its node phases sent several
 pieces a step) and 3.7 KiB (AllGather: 1.05 M, 3.9 GB) to 15 KiB (64x DGX H100 AllToAll: 0.26 M needed,
 0.49 M routed through relays, 3.9 GB). `estimate_bytes` takes less than the lowest, so that a refused
 problem would not have fit; one it lets through may still need six times its estimate.
