@@ -120,11 +120,12 @@ def schedule_times(tasks, sched: Schedule) -> Contiguity:
     return Contiguity(groups, max((g.finish_us for g in groups), default=0.0))
 
 
-MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building: merge greedily
+MAX_MILP_TASKS = 100_000  # above this the MILP (3 columns per task) is not worth building
 
 
 def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set:
-    """Greedy merges, for problems too big for the MILP. On each connection, a window is a run of tasks in
+    """Greedy merges, where one step per transfer would not fit the runtime (the MILP's merges pay for
+    themselves in time; these are made for the step count). On each connection, a window is a run of tasks in
     its order that do the same thing (op), hold the same lanes and could all have started with the first
     (each predecessor arrived, plus its sync, by then): in any order, so a window's tasks are sorted by their
     place in the source buffer (`position`) and each run of consecutive chunks in both buffers (`adjacent`),
@@ -175,19 +176,19 @@ def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set
 
 def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT,
                fifo_depth: int = 0, coalesce_with=None) -> Contiguity:
-    """The groups and their exact times: merges chosen by the MILP up to `MAX_MILP_TASKS` tasks; above,
-    by `coalesce` where the caller gives its (adjacent, position, max_chunks) as `coalesce_with` (none
-    otherwise)."""
+    """The groups and their exact times: merges chosen by `coalesce` where the caller gives its (adjacent,
+    position, max_chunks) as `coalesce_with` (one step per transfer would not fit the runtime), else by the
+    MILP up to `MAX_MILP_TASKS` tasks, else none."""
     skip = None
+    merged = coalesce(tasks, sched, *coalesce_with) if coalesce_with else set()
+    if merged:
+        out = exact_times(tasks, sched, merged, fifo_depth)
+        out.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
+                     "status": "greedy", "gap": 0.0, "objective": out.makespan_us, "merged_pairs": len(merged)}
+        report(f"contiguity: {len(tasks)} transfers merged greedily into {len(out.groups)} sends ({len(merged)} "
+               f"merges); schedule {out.makespan_us:.2f} us (greedy {sched.makespan_us:.2f})")
+        return out
     if len(tasks) > MAX_MILP_TASKS:
-        merged = coalesce(tasks, sched, *coalesce_with) if coalesce_with else set()
-        if merged:
-            out = exact_times(tasks, sched, merged, fifo_depth)
-            out.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
-                         "status": "greedy", "gap": 0.0, "objective": out.makespan_us, "merged_pairs": len(merged)}
-            report(f"contiguity: {len(tasks)} transfers > {MAX_MILP_TASKS}, merged greedily into {len(out.groups)} "
-                   f"sends ({len(merged)} merges); schedule {out.makespan_us:.2f} us (greedy {sched.makespan_us:.2f})")
-            return out
         skip = f"skipped ({len(tasks)} transfers > {MAX_MILP_TASKS}; greedy times kept, no merges)"
     else:
         cands = merge_candidates(tasks, sched, adjacent)

@@ -180,15 +180,14 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
     return tasks
 
 
-def _node_excess(tasks, topo, instances: int) -> float:
-    """The busiest rank's transfers, one XML step each per instance, plus the algo and gpu elements, over the
-    executor's MAX_NODES (a forward fused with its receive is one step, so this can overcount; the lowering
-    decides)."""
+def _node_excess(tasks, topo) -> float:
+    """The busiest rank's transfers, one XML step each, plus the algo and gpu elements, over the executor's
+    MAX_NODES (a forward fused with its receive is one step, so this can overcount; the lowering decides)."""
     steps = [0] * topo.num_ranks
     for t in tasks:
         steps[t.src] += 1
         steps[t.dst] += 1
-    return (1 + topo.num_ranks + instances * max(steps, default=0)) / MAX_NODES
+    return (1 + topo.num_ranks + max(steps, default=0)) / MAX_NODES
 
 
 def _group_chunks(excess: float) -> int:
@@ -262,11 +261,12 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
                        "status": "heuristic", "variant": sched.variant, "objective": sched.makespan_us})
     report(f"ordering: {len(tasks)} transfers, greedy schedule {sched.makespan_us:.2f} us ({sched.variant} first)")
     merge = options.merge_links or sketch.merge_links
-    # where one transfer a step could not fit the executor, the greedy merge above the MILP's size works on
-    # every link the sketch does not forbid (its "internode" default is there to keep the MILP small)
+    # where one transfer a step could not fit the executor, merge greedily (not by the MILP), on every link the
+    # sketch does not forbid (its "internode" default is there to keep the MILP small)
+    # (with several instances the lowering cuts every send back into single chunks: nothing to gain)
     coalesce = None
-    excess = _node_excess(tasks, topo, prob.instances)
-    if excess > 1:
+    excess = _node_excess(tasks, topo)
+    if excess > 1 and prob.instances == 1:
         index = _buffer_index(coll)
         coalesce = (_adjacency(coll, "all" if merge != "none" else merge),
                     lambda t: (index(t.chunk, t.src, True) or 0, t.chunk), _group_chunks(excess))
