@@ -174,6 +174,12 @@ def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set
     return merged
 
 
+def _without_milp(status: str, makespan_us: float, **extra) -> dict:
+    """The stage's statistics where no MILP was solved."""
+    return {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
+            "status": status, "gap": 0.0, "objective": makespan_us, **extra}
+
+
 def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None, report=SILENT,
                fifo_depth: int = 0, coalesce_with=None) -> Contiguity:
     """The groups and their exact times: merges chosen by `coalesce` where the caller gives its (adjacent,
@@ -183,8 +189,7 @@ def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None
     merged = coalesce(tasks, sched, *coalesce_with) if coalesce_with else set()
     if merged:
         out = exact_times(tasks, sched, merged, fifo_depth)
-        out.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
-                     "status": "greedy", "gap": 0.0, "objective": out.makespan_us, "merged_pairs": len(merged)}
+        out.stats = _without_milp("greedy", out.makespan_us, merged_pairs=len(merged))
         report(f"contiguity: {len(tasks)} transfers merged greedily into {len(out.groups)} sends ({len(merged)} "
                f"merges); schedule {out.makespan_us:.2f} us (greedy {sched.makespan_us:.2f})")
         return out
@@ -196,8 +201,7 @@ def contiguity(tasks, sched: Schedule, adjacent, *, solver="highs", options=None
             skip = "skipped (no merge candidates)"
     if skip:
         base = schedule_times(tasks, sched)
-        base.stats = {"stage": "contiguity", "variables": 0, "constraints": 0, "binaries": 0, "time_s": 0.0,
-                      "status": skip, "gap": 0.0, "objective": base.makespan_us}
+        base.stats = _without_milp(skip, base.makespan_us)
         report(f"contiguity: {skip}; schedule {base.makespan_us:.2f} us")
         return base
     base = exact_times(tasks, sched, set(), fifo_depth)

@@ -141,8 +141,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     least 1 KiB), then the schedule's. The candidates are lowered unchecked and only that one is proven (on
     16 nodes a proof takes seconds); a policy whose program fails the proof or deadlocks in simulation is
     lowered again proving each fusion mode (falling back to the next mode) and the candidates are ranked
-    again. Without a topology, or above
-    `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is the only one lowered.
+    again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is
+    the only one lowered.
 
     `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
     "eager" (False), "none" (fuse=False) or "network" (eager plus the fan-outs whose send leaves the node;
