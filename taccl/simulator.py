@@ -42,18 +42,27 @@ Model (alpha-beta with contention, the runtime's execution rules, calibrated cos
   block's work per tile (a pipeline still filling would otherwise look faster than it can run);
   ``SimResult.exact`` is then False.
 
+The event loop (`Simulator._run_tiles`) also exists in C++ (taccl/native/simcore.cpp, the optional
+extension taccl._simcore, ~25x faster), operation for operation the same, so both give the same doubles
+(tests/test_simulator_native.py); this module is the reference and the fallback. A change to the model is
+made in both.
+
 `simulate(program, topology, size_bytes) -> SimResult`; `sweep(program, topology, sizes) -> list`.
 A program that uses a link the topology lacks raises `UserError` naming rank, thread block and step.
 """
 from __future__ import annotations
 
+import ctypes
 import heapq
+import importlib.util
 import math
 import multiprocessing
 import os
 from bisect import bisect_right
 from collections import deque
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from .errors import CheckFailed, UserError
 from .program import Program, Proto, StepType
@@ -122,12 +131,22 @@ class SimResult:
 
 
 class Simulator:
-    """The size-independent part: the flattened program, its connections and links."""
+    """The size-independent part: the flattened program, its connections and links.
 
-    def __init__(self, program: Program, topology, options: SimOptions | None = None):
+    `native`: run the event loop in C++ (`taccl._simcore`, the same model and the same doubles) or in
+    Python; None (the default) takes C++ where it was built, unless the environment sets
+    ``TACCL_SIMULATOR=python``. A traced run is always Python's."""
+
+    def __init__(self, program: Program, topology, options: SimOptions | None = None, *, native: bool | None = None):
         self.p = program
         self.topo = topology
         self.opts = options or SimOptions()
+        if native is None:
+            native = os.environ.get("TACCL_SIMULATOR", "").lower() != "python" and native_engine() is not None
+        elif native and native_engine() is None:
+            raise RuntimeError("the simulator's C++ event loop (taccl._simcore) was not built")
+        self.native = native
+        self._native_args = None
         if topology.num_ranks != program.ngpus:
             raise UserError(f"the program is for {program.ngpus} ranks but topology {topology.name!r} with "
                             f"{topology.nodes} node(s) has {topology.num_ranks}; pass --nodes")
@@ -304,6 +323,8 @@ class Simulator:
         if (workers < 2 or self.p.nsteps < PARALLEL_MIN_STEPS or "fork" not in multiprocessing.get_all_start_methods()
                 or multiprocessing.current_process().daemon):  # a batch worker may not have children
             return [self.run(s) for s in sizes]
+        if self.native and self._native_args is None:
+            self._native_args = self._native_inputs()  # flattened once, before the workers inherit it
         _forked = self  # inherited by the workers, not pickled
         try:
             with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -324,7 +345,10 @@ class Simulator:
         sizes = [tile] * K
         if exact and ntiles > 1:
             sizes[-1] = chunk - tile * (ntiles - 1)
-        finish, transfers = self._run_tiles(sizes)
+        if self.native and trace is None:
+            finish, transfers = self._run_tiles_native(sizes)
+        else:
+            finish, transfers = self._run_tiles(sizes)
         total = finish[-1]
         if not exact:
             h = K // 2
@@ -537,14 +561,93 @@ class Simulator:
             work.append(G)
         stuck = [G for G in range(ntb) if it[G] < T]
         if stuck:
-            G = stuck[0]
-            r, tbid = self.where[G]
-            raise CheckFailed(f"the program deadlocks in simulation: {len(stuck)} thread block(s) never finish, "
-                              f"e.g. rank {r} tb {tbid} at step {pc[G]} of tile {it[G]}")
-        for x in range(1, T):
-            if iter_finish[x] < iter_finish[x - 1]:
-                iter_finish[x] = iter_finish[x - 1]
-        return iter_finish, transfers
+            self._deadlock(len(stuck), stuck[0], pc[stuck[0]], it[stuck[0]])
+        return _monotone(iter_finish), transfers
+
+    def _deadlock(self, nstuck: int, G: int, step: int, tile: int):
+        r, tbid = self.where[G]
+        raise CheckFailed(f"the program deadlocks in simulation: {nstuck} thread block(s) never finish, "
+                          f"e.g. rank {r} tb {tbid} at step {step} of tile {tile}")
+
+    def _run_tiles_native(self, tile_bytes: list) -> tuple:
+        """`_run_tiles` in C++ (taccl/native/simcore.cpp)."""
+        if self._native_args is None:
+            self._native_args = self._native_inputs()
+        arrays, scalars = self._native_args
+        T = len(tile_bytes)
+        tiles = np.asarray(tile_bytes, dtype=np.float64)
+        finish = np.zeros(T, dtype=np.float64)
+        transfers = ctypes.c_int64(0)
+        stuck = np.zeros(4, dtype=np.int64)
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        blocks, conns, resources = arrays
+        rc = native_engine()(self.ntb, *map(ptr, blocks), self.nconn, *map(ptr, conns), self.nres,
+                             *map(ptr, resources), *scalars, T, ptr(tiles), ptr(finish), ctypes.byref(transfers),
+                             ptr(stuck))
+        if rc == 2:
+            raise MemoryError("the simulator's C++ event loop ran out of memory")
+        if rc == 1:
+            self._deadlock(*(int(x) for x in stuck))
+        return _monotone(finish.tolist()), transfers.value
+
+    def _native_inputs(self) -> tuple:
+        """The flattened program as the C++ event loop takes it: steps of all blocks back to back, each
+        dependency as the slot of the step it waits for (`fin_slot`: an index over the steps whose finish
+        times are kept)."""
+        flat = lambda rows, dtype: np.fromiter((x for row in rows for x in row), dtype=dtype)  # noqa: E731
+        tb_off = np.zeros(self.ntb + 1, dtype=np.int64)
+        np.cumsum([len(k) for k in self.kind], out=tb_off[1:])
+        hasdep = flat(self.hasdep, np.bool_)
+        fin_slot = np.full(len(hasdep), -1, dtype=np.int64)
+        fin_slot[hasdep] = np.arange(int(hasdep.sum()))
+        dep_slot = np.fromiter((-1 if d is None else fin_slot[tb_off[d[0]] + d[1]] for row in self.dep for d in row),
+                               dtype=np.int64, count=len(hasdep))
+        i32 = lambda xs: np.asarray(xs, dtype=np.int32)  # noqa: E731
+        f64 = lambda xs: np.asarray(xs, dtype=np.float64)  # noqa: E731
+        res_off = np.zeros(self.nconn + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in self.conn_res], out=res_off[1:])
+        blocks = (tb_off, flat(self.kind, np.int8), flat(self.cnt, np.int32), dep_slot, fin_slot,
+                  flat(self.sidx, np.int32), flat(self.ridx, np.int32), flat(self.local_cost, np.float64),
+                  i32(self.nsend), i32(self.nrecv), i32(self.out_conn), i32(self.in_conn))
+        conns = (i32(self.conn_sender), i32(self.conn_receiver), f64(self.conn_alpha), f64(self.conn_bpus),
+                 f64(self.conn_busy), res_off, np.fromiter((r for rs in self.conn_res for r in rs), dtype=np.int32))
+        resources = (i32(self.res_lanes), f64(self.res_partial))
+        per_call = SLICES_PER_CALL[self.proto]
+        scalars = (int(hasdep.sum()), self.proto.fifo_depth, self.local_bpus, self.sync_us, int(self.opts.cut_through),
+                   per_call or 0, float(SLICE_BYTES.get(self.proto, 0)))
+        return (blocks, conns, resources), scalars
+
+
+def _monotone(iter_finish: list) -> list:
+    """Each tile iteration finishes no earlier than the one before it."""
+    for x in range(1, len(iter_finish)):
+        if iter_finish[x] < iter_finish[x - 1]:
+            iter_finish[x] = iter_finish[x - 1]
+    return iter_finish
+
+
+_native_fn = False  # not loaded yet
+
+
+def native_engine():
+    """The C++ event loop's entry point (`taccl_sim_run` of the optional extension taccl._simcore, through
+    ctypes), or None where it was not built."""
+    global _native_fn
+    if _native_fn is False:
+        _native_fn = None
+        spec = importlib.util.find_spec("taccl._simcore")
+        if spec is not None and spec.origin:
+            try:
+                fn = ctypes.CDLL(spec.origin).taccl_sim_run
+            except (OSError, AttributeError):
+                fn = None
+            if fn is not None:
+                p, i32, i64, f64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_double
+                fn.restype = ctypes.c_int
+                fn.argtypes = ([i32] + [p] * 12 + [i32] + [p] * 7 + [i32] + [p] * 2
+                               + [i64, i32, f64, f64, i32, i32, f64] + [i32, p, p, p, p])
+                _native_fn = fn
+    return _native_fn
 
 
 def _fit(candidates, start: float, tail: float) -> tuple:
