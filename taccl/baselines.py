@@ -38,7 +38,7 @@ link raises `UserError` (``direct`` on an NDv2 node, whose GPUs are not all join
 """
 from __future__ import annotations
 
-from .collectives import canonical_name
+from .collectives import canonical_name, make_collective
 from .dsl import DSLProgram
 from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
@@ -399,14 +399,20 @@ _BUILDERS = {"ring": ring, "double-binary-tree": double_binary_tree, "direct": d
              "one-shot": one_shot, "hierarchical": hierarchical, "two-step": two_step}
 
 
-def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1,
-              channels: int = MAX_CHANNELS) -> DSLProgram:
-    """The traced DSL program of a baseline (not yet lowered), its rings or trees spread over `channels`."""
+def _known(name: str, collective_name: str) -> str:
+    """The collective's canonical name, once the baseline is known to implement it."""
     if name not in BASELINES:
         raise UserError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
     coll = canonical_name(collective_name)
     if coll not in BASELINES[name]:
         raise UserError(f"baseline {name!r} implements {', '.join(BASELINES[name])}, not {coll!r}")
+    return coll
+
+
+def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1,
+              channels: int = MAX_CHANNELS) -> DSLProgram:
+    """The traced DSL program of a baseline (not yet lowered), its rings or trees spread over `channels`."""
+    coll = _known(name, collective_name)
     if chunkup < 1:
         raise UserError(f"chunk-up must be at least 1, got {chunkup}")
     builder = _BUILDERS[name]
@@ -430,9 +436,14 @@ REFERENCE_MAX_NODES = 16 * MAX_NODES
 
 
 def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instances: int = 1,
-          proto: str = "Simple", max_tbs: int = 108, reference: bool = False) -> Program:
+          proto: str = "Simple", max_tbs: int = 108, reference: bool = False, max_memory_bytes: int | None = None,
+          max_memory_source: str = "--max-memory") -> Program:
     """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limits
-    of 64 steps per thread block and 4096 XML nodes per rank (see `REFERENCE_MAX_STEPS`)."""
+    of 64 steps per thread block and 4096 XML nodes per rank (see `REFERENCE_MAX_STEPS`). One that would
+    need more memory than ``max_memory_bytes`` (None: this machine's) is refused before it is traced."""
+    from .budget import check_baseline_memory
+
+    check_baseline_memory(name, topology, collective_name, instances, max_memory_bytes, source=max_memory_source)
     channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels)
     if reference:
@@ -455,6 +466,31 @@ def build_on_channels(name: str, topology, collective_name: str, channels: int, 
     instances = max(1, channels // flows)
     prog = build_dsl(name, topology, collective_name, channels=max(1, channels // instances))
     return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
+
+
+def operations(name: str, topology, collective_name: str) -> int:
+    """How many operations `build_dsl` traces for this baseline, counted without tracing them (a 1024-rank
+    ring traces millions); the lowered program has about this many steps per instance."""
+    coll = _known(name, collective_name)
+    G, N = topology.gpus_per_node, topology.nodes
+    R = G * N
+    pairs = R * (R - 1)
+    if name == "ring":
+        per_ring = {"allgather": pairs + R, "reducescatter": pairs, "allreduce": 2 * pairs}[coll]
+        return len(rail_starts(topology, node_cycle(topology))) * per_ring
+    if name == "direct":
+        # sends to every peer; ReduceScatter adds the owner's copy home and R - 1 reductions, AllReduce
+        # then sends the sum to every peer
+        return {"alltoall": pairs + R, "allgather": pairs + R, "reducescatter": 2 * pairs + R,
+                "allreduce": 3 * pairs + R}[coll]
+    if name == "one-shot":
+        return 2 * pairs + R
+    if name == "double-binary-tree":
+        # every chunk is reduced up one tree and broadcast down it: R - 1 operations each way
+        return 2 * (R - 1) * make_collective(coll, R, 1).num_chunks
+    if name == "hierarchical":
+        return 2 * N * G * (G - 1) + (2 * G * N * (N - 1) if N > 1 else 0)
+    return R * R + (N - 1) * N * G  # two-step
 
 
 def applicable(name: str, topology, collective_name: str) -> bool:

@@ -1,4 +1,5 @@
-"""Memory budget: a synthesis that cannot fit in memory is refused before any solver runs.
+"""Memory budget: a synthesis that cannot fit in memory is refused before any solver runs, and a baseline
+before it is built (`check_baseline_memory`: its steps are counted without tracing them).
 
 A synthesis holds a few objects per transfer at once (the ordering's tasks, the algorithm, the lowering's
 instructions and steps, the proofs' state), so its peak grows with the transfers. A collective needs at
@@ -16,10 +17,13 @@ import os
 from .collectives import Collective
 from .errors import UserError
 
-__all__ = ["min_transfers", "estimate_bytes", "machine_memory_bytes", "check_memory"]
+__all__ = ["min_transfers", "estimate_bytes", "machine_memory_bytes", "check_memory", "check_baseline_memory"]
 
 BASE_BYTES = 150 << 20  # the interpreter, numpy, HiGHS and the topology: a 2-GPU solve peaks near this
 BYTES_PER_TRANSFER = 5 << 9  # 2.5 KiB
+# A baseline's program per step: 64x DGX H100 ring AllGather, 2.10 M steps, peaked at 6.84 GB built, written
+# as XML, read back and simulated (3.3 KB a step, the interpreter included)
+BYTES_PER_BASELINE_STEP = 3 << 10
 
 
 def min_transfers(coll: Collective) -> int:
@@ -74,6 +78,27 @@ def check_memory(coll: Collective, limit_bytes: int | None, *, path=None, source
                         f"about {_gib(need)} of memory, more than the {_gib(limit)} of {source}. "
                         f"Use fewer nodes or a smaller input_chunkup, or a larger --max-memory on a machine "
                         f"that has it", path=path)
+
+
+def check_baseline_memory(name: str, topology, collective_name: str, instances: int, limit_bytes: int | None, *,
+                          source: str = "--max-memory") -> None:
+    """Raise `UserError` when building, proving and simulating a baseline needs more than `limit_bytes` (None:
+    this machine's memory): a 1024-rank ring makes millions of steps, every one a Python object until the
+    simulator has run."""
+    from .baselines import operations
+
+    limit = limit_bytes
+    if limit is None:
+        limit, source = machine_memory_bytes(), "this machine's memory"
+    if limit is None:
+        return
+    steps = operations(name, topology, collective_name) * max(1, instances)
+    need = BYTES_PER_BASELINE_STEP * steps  # (without the interpreter's base: a low estimate)
+    if need > limit:
+        raise UserError(f"baseline {name!r} for {collective_name} on {topology.num_ranks} ranks"
+                        f"{f' in {instances} instances' if instances > 1 else ''} makes about {steps:,} steps: "
+                        f"building, proving and simulating it needs about {_gib(need)} of memory, more than the "
+                        f"{_gib(limit)} of {source}. Use fewer nodes or instances, or leave this baseline out")
 
 
 def _gib(nbytes: int) -> str:

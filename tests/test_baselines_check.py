@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from taccl.baselines import (BASELINES, REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, applicable, build,
-                             build_on_channels, node_cycle, ring_order)
+from taccl.baselines import (BASELINES, REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, applicable, build, build_dsl,
+                             build_on_channels, node_cycle, operations, ring_order)
+from taccl.budget import check_baseline_memory
 from taccl.checker import check_program
 from taccl.cli import main
 from taccl.errors import UserError
@@ -29,6 +30,16 @@ def test_baseline_proven(tname, nodes, name, coll):
     report = check_program(p)
     assert report.ok and report.proven, report.summary()
     assert simulate(p, t, 1 << 20).time_us > 0
+    assert operations(name, t, coll) == build_dsl(name, t, coll).operations  # counted without tracing
+
+
+def test_a_baseline_that_cannot_fit_in_memory_is_refused_before_it_is_traced():
+    # 128x DGX H100: a ring AllGather has 8.4 M operations (a minute and gigabytes to trace); refused at once
+    t = load_topology("dgx-h100", 128)
+    with pytest.raises(UserError, match=r"about 8,388,608 steps.*24\.0 GiB of memory, more than the 8\.0 GiB of "
+                                        r"a test's limit"):
+        build("ring", t, "allgather", reference=True, max_memory_bytes=8 << 30, max_memory_source="a test's limit")
+    check_baseline_memory("hierarchical", t, "allreduce", 1, 8 << 30)  # 274,432 operations: passes
 
 
 @pytest.mark.parametrize("name,coll", [("ring", "allreduce"), ("direct", "alltoall"), ("two-step", "alltoall")])

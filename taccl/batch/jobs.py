@@ -31,6 +31,9 @@ from ..units import format_size
 from .sku import Sku
 
 CACHE_FORMAT = 1
+# `plan` traces each baseline to see that the topology has its links (a 128-rank ring AllReduce: 260 k
+# operations, 3 s); past this many its task finds out instead (a 512-rank ring: 2 M, tens of seconds and GBs)
+PLAN_TRACE_MAX_OPS = 300_000
 
 
 @lru_cache(maxsize=None)
@@ -166,15 +169,17 @@ def plan(sku: Sku) -> list:
                                                       nodes=n, topology=sku.topology, grid=sku.grid, programs=progs,
                                                       max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
                                                       sketch_doc=doc, size_bytes=size, solver=solver))
-    from ..baselines import BASELINES, applicable
+    from ..baselines import BASELINES, applicable, operations
     from ..topology import Topology
 
     for n in sku.nodes:
         topo = Topology(sku.spec, n)
         for coll in sku.collectives:
             for name in sku.baseline_names:
-                if coll not in BASELINES[name] or not applicable(name, topo, coll):
-                    continue  # a baseline for another collective, or one needing links this topology lacks
+                if coll not in BASELINES[name]:
+                    continue  # a baseline for another collective
+                if operations(name, topo, coll) <= PLAN_TRACE_MAX_OPS and not applicable(name, topo, coll):
+                    continue  # one needing links this topology lacks (a larger one finds out in its task)
                 progs = []
                 for proto in sku.baseline_protocols:
                     for inst in sku.baseline_instances:
@@ -273,7 +278,8 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
 
             # a baseline stands for NCCL's own algorithm: no executor step limit (see baselines.build)
             program = build(task.baseline, topo, task.collective, instances=prog.instances, proto=prog.proto,
-                            max_tbs=task.max_tbs, reference=True)
+                            max_tbs=task.max_tbs, reference=True, max_memory_bytes=task.max_memory_bytes,
+                            max_memory_source=task.max_memory_source)
             program.name = prog.label
     except Exception as exc:
         reason, tb = _reason(exc)
