@@ -853,3 +853,29 @@ def test_a_rank_with_more_peers_than_blocks_is_refused_before_any_build(monkeypa
     monkeypatch.setattr(lowering, "_build", lambda *a, **k: pytest.fail("built a program"))
     with pytest.raises(UserError, match=r"rank 1 has 2 peers on one side .*: 2 thread blocks > 1 \(--max-tbs"):
         lower(alltoall_line(4), instances=1, max_tbs=1)
+
+
+def test_a_lowering_at_the_reference_step_limit_tries_few_caps_and_then_less_fusion(monkeypatch):
+    # Baselines are lowered at a reference limit of 1024 steps a block. Caps went down by eight from there:
+    # on 16 DGX H100 nodes the hierarchical AllReduce on four instances built and proved a deadlocking
+    # fusion at 1024, 1016, ... (minutes), and where every channel filled up it failed instead of trying the
+    # next fusion mode. Now caps halve down to the executor's 64, a deadlock halves the cap, and full
+    # channels move on to less fusion: here 1024 ... 32 deadlock, 16 fills the channels, "safe" at 1024 fits.
+    import taccl.lowering as lowering
+    from taccl.baselines import REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, build
+    from taccl.topology import load_topology
+
+    assert lowering._step_caps(1024) == [1024, 512, 256, 128, 64, 56, 48, 40, 32, 24, 16, 8]
+    assert lowering._step_caps(64) == [64, 56, 48, 40, 32, 24, 16, 8]
+    tried = []
+    real = lowering._build
+
+    def counting(ops, coll, name, opts, mode, cap, *rest):
+        tried.append((mode, cap))
+        return real(ops, coll, name, opts, mode, cap, *rest)
+
+    monkeypatch.setattr(lowering, "_build", counting)
+    program = build("hierarchical", load_topology("dgx-h100", 8), "allreduce", instances=4, max_tbs=132,
+                    reference=True)
+    assert tried == [("natural", c) for c in (1024, 512, 256, 128, 64, 32, 16)] + [("safe", 1024)]
+    assert check_program(program, max_steps=REFERENCE_MAX_STEPS, max_nodes=REFERENCE_MAX_NODES).proven

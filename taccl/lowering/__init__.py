@@ -36,7 +36,7 @@ from .emit import MAX_DEPID, check_limits, compact_scratch, emit
 from .fusion import fuse
 from .instructions import generate
 from .ops import ChunkOp
-from .schedule import OrderFailed, allocate
+from .schedule import ChannelsFull, OrderFailed, allocate
 
 __all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
            "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of"]
@@ -327,15 +327,22 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     modes = ["natural", "safe", None] if opts.fuse else [None]
     if opts.fuse and opts.network_fan_out:
         modes.remove(None)  # without fusion there is no fan-out to fuse: that program is the fuse=False one
-    attempts = [(m, cap, False) for m in modes for cap in range(opts.block_steps or opts.max_steps, 7, -8)]
+    attempts = [(m, cap, False) for m in modes for cap in _step_caps(opts.block_steps or opts.max_steps)]
     last_problems = []
+    full = None
     packed = False
     k = 0
     while k < len(attempts):
         mode, cap, pack = attempts[k]
         k += 1
-        with _no_gc():
-            program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack)
+        try:
+            with _no_gc():
+                program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack)
+        except ChannelsFull as exc:  # so is every smaller cap of this mode; less fusion may fit
+            full = exc
+            while k < len(attempts) and attempts[k][0] == mode:
+                k += 1
+            continue
         if program is _NOTHING_TO_FUSE:
             while k < len(attempts) and attempts[k][0] == mode:
                 k += 1  # the same at every step cap
@@ -377,12 +384,28 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                                     max_nodes=opts.max_nodes)
             if not report.ok:
                 if mode is not None:
+                    # (a fused order that deadlocks): fewer steps per block may break the cycle; halving the
+                    # cap bounds the retries (at a baseline's reference limit of 1024 steps, 8 builds, not 128)
+                    while k < len(attempts) and attempts[k][0] == mode and attempts[k][1] > cap // 2:
+                        k += 1
                     continue
                 report.raise_if_failed(path=f"lowered program {name!r}")
         return program
+    if not last_problems and full is not None:
+        raise full
     if not last_problems and opts.network_fan_out:
         raise UserError(f"lowering {name!r}: no fan-out leaves a node, nothing for network_fan_out to fuse")
     raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
+
+
+def _step_caps(first: int) -> list:
+    """The caps on steps per thread block a lowering tries, largest first: by eights from the executor's 64
+    down, and halving above it (a baseline's reference limit of 1024 steps: 12 builds at most, not 128)."""
+    caps = []
+    while first > DEFAULT_MAX_STEPS:
+        caps.append(first)
+        first //= 2
+    return caps + list(range(first, 7, -8))
 
 
 def _most_peers(ops) -> tuple:

@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..program import StepType
 from .ops import Instr
 
-__all__ = ["TB", "allocate", "order_tb", "OrderFailed"]
+__all__ = ["TB", "allocate", "order_tb", "OrderFailed", "ChannelsFull"]
 
 MAX_TBS_PER_CHANNEL = 32
 
@@ -371,7 +371,7 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
             pending.extend(reversed(_split(flow, instrs)))
             continue
         s = flow[0]
-        raise UserError(f"cannot place the transfer {s.rank}->{flow[-1].rank} ({s.origin}): every channel "
+        raise ChannelsFull(f"cannot place the transfer {s.rank}->{flow[-1].rank} ({s.origin}): every channel "
                         f"0..{max_channels - 1} is full ({step_cap} steps per thread block, "
                         f"{MAX_TBS_PER_CHANNEL} sending/receiving thread blocks per channel); use fewer chunks "
                         f"or fewer instances")
@@ -475,6 +475,10 @@ def _land_before(steps: list, could_start: float) -> bool:
     """Whether the schedule has every one of these steps landed by `could_start`: when a fold could start in
     a block of its own (its operands' arrival and a flag), so putting it after them in theirs costs nothing."""
     return all(i.span is not None and i.span[1] <= could_start for i in steps)
+
+
+class ChannelsFull(UserError):
+    """A transfer fits on no channel under this step cap (a smaller cap only fills them sooner)."""
 
 
 class OrderFailed(Exception):
