@@ -468,13 +468,20 @@ def build_on_channels(name: str, topology, collective_name: str, channels: int, 
     return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
 
 
-def operations(name: str, topology, collective_name: str) -> int:
+def operations(name: str, topology, collective_name: str, *, chunks: bool = False) -> int:
     """How many operations `build_dsl` traces for this baseline, counted without tracing them (a 1024-rank
-    ring traces millions); the lowered program has about this many steps per instance."""
+    ring traces millions); with `chunks`, their chunks summed. A program on one instance has about as many
+    steps as operations; on several, every operation is cut into single chunks first, each on every instance."""
     coll = _known(name, collective_name)
     G, N = topology.gpus_per_node, topology.nodes
     R = G * N
     pairs = R * (R - 1)
+    if name == "one-shot":
+        return (2 * pairs + R) * (R if chunks else 1)  # every operation moves the whole buffer
+    if name == "hierarchical":  # the node phases move a shard (one chunk per node) at a time
+        return 2 * N * G * (G - 1) * (N if chunks else 1) + (2 * G * N * (N - 1) if N > 1 else 0)
+    if name == "two-step":  # the network phase moves a node's G chunks at once
+        return R * R + (N - 1) * N * G * (G if chunks else 1)
     if name == "ring":
         per_ring = {"allgather": pairs + R, "reducescatter": pairs, "allreduce": 2 * pairs}[coll]
         return len(rail_starts(topology, node_cycle(topology))) * per_ring
@@ -483,14 +490,8 @@ def operations(name: str, topology, collective_name: str) -> int:
         # then sends the sum to every peer
         return {"alltoall": pairs + R, "allgather": pairs + R, "reducescatter": 2 * pairs + R,
                 "allreduce": 3 * pairs + R}[coll]
-    if name == "one-shot":
-        return 2 * pairs + R
-    if name == "double-binary-tree":
-        # every chunk is reduced up one tree and broadcast down it: R - 1 operations each way
-        return 2 * (R - 1) * make_collective(coll, R, 1).num_chunks
-    if name == "hierarchical":
-        return 2 * N * G * (G - 1) + (2 * G * N * (N - 1) if N > 1 else 0)
-    return R * R + (N - 1) * N * G  # two-step
+    # double-binary-tree: every chunk is reduced up one tree and broadcast down it, R - 1 operations each way
+    return 2 * (R - 1) * make_collective(coll, R, 1).num_chunks
 
 
 def applicable(name: str, topology, collective_name: str) -> bool:

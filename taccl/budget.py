@@ -92,7 +92,10 @@ def check_baseline_memory(name: str, topology, collective_name: str, instances: 
         limit, source = machine_memory_bytes(), "this machine's memory"
     if limit is None:
         return
-    steps = operations(name, topology, collective_name) * max(1, instances)
+    if instances > 1:
+        steps = operations(name, topology, collective_name, chunks=True) * instances
+    else:
+        steps = operations(name, topology, collective_name)
     need = BYTES_PER_BASELINE_STEP * steps  # (without the interpreter's base: a low estimate)
     if need > limit:
         raise UserError(f"baseline {name!r} for {collective_name} on {topology.num_ranks} ranks"

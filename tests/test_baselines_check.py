@@ -30,7 +30,9 @@ def test_baseline_proven(tname, nodes, name, coll):
     report = check_program(p)
     assert report.ok and report.proven, report.summary()
     assert simulate(p, t, 1 << 20).time_us > 0
-    assert operations(name, t, coll) == build_dsl(name, t, coll).operations  # counted without tracing
+    traced = build_dsl(name, t, coll)
+    assert operations(name, t, coll) == traced.operations  # counted without tracing
+    assert operations(name, t, coll, chunks=True) == sum(src.size for _, src, _, _, _ in traced._ops)
 
 
 def test_a_baseline_that_cannot_fit_in_memory_is_refused_before_it_is_traced():
