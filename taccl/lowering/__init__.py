@@ -340,12 +340,10 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                 program = _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack)
         except ChannelsFull as exc:  # so is every smaller cap of this mode; less fusion may fit
             full = exc
-            while k < len(attempts) and attempts[k][0] == mode:
-                k += 1
+            k = _skip_caps(attempts, k, mode)
             continue
         if program is _NOTHING_TO_FUSE:
-            while k < len(attempts) and attempts[k][0] == mode:
-                k += 1  # the same at every step cap
+            k = _skip_caps(attempts, k, mode)  # the same at every step cap
             continue
         if program is None:
             continue  # the blocks cannot be ordered under this step cap
@@ -367,16 +365,14 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                     continue
                 # still too many: a smaller step cap only adds blocks, but less fusion pins fewer
                 # (receive peer, send peer) pairs to one block: go on with the next fusion mode
-                while k < len(attempts) and attempts[k][0] == mode:
-                    k += 1
+                k = _skip_caps(attempts, k, mode)
                 continue
             if len(problems) == 1 and "steps" in problems[0]:
                 # nops pushed a block over the limit: retry with a lower cap per block, one that leaves room
                 # for as many nops per step as that block has (a block of 64 sends that each wait on two
                 # others has 127 steps: cap 32, not four builds at 56, 48, 40 and 32)
                 room = cap * opts.max_steps // program.max_steps
-                while k < len(attempts) and attempts[k][0] == mode and attempts[k][1] > room:
-                    k += 1
+                k = _skip_caps(attempts, k, mode, above=room)
                 continue
             break
         if opts.check:
@@ -386,8 +382,7 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
                 if mode is not None:
                     # (a fused order that deadlocks): fewer steps per block may break the cycle; halving the
                     # cap bounds the retries (at a baseline's reference limit of 1024 steps, 8 builds, not 128)
-                    while k < len(attempts) and attempts[k][0] == mode and attempts[k][1] > cap // 2:
-                        k += 1
+                    k = _skip_caps(attempts, k, mode, above=cap // 2)
                     continue
                 report.raise_if_failed(path=f"lowered program {name!r}")
         return program
@@ -396,6 +391,14 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
     if not last_problems and opts.network_fan_out:
         raise UserError(f"lowering {name!r}: no fan-out leaves a node, nothing for network_fan_out to fuse")
     raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
+
+
+def _skip_caps(attempts: list, k: int, mode, *, above: int = 0) -> int:
+    """The index of the next attempt from `k` on that is of another fusion mode or caps at most `above` steps
+    per thread block (by default: the next mode)."""
+    while k < len(attempts) and attempts[k][0] == mode and attempts[k][1] > above:
+        k += 1
+    return k
 
 
 def _step_caps(first: int) -> list:
