@@ -44,7 +44,7 @@ from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
 from .program import MAX_NODES, Program
 
-__all__ = ["BASELINES", "build", "build_dsl", "build_on_channels", "applicable", "ring_order", "node_cycle"]
+__all__ = ["BASELINES", "build", "build_protocols", "build_dsl", "build_on_channels", "applicable", "ring_order", "node_cycle"]
 
 BASELINES = {
     "ring": ("allgather", "reducescatter", "allreduce"),
@@ -441,15 +441,26 @@ def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instan
     """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limits
     of 64 steps per thread block and 4096 XML nodes per rank (see `REFERENCE_MAX_STEPS`). One that would
     need more memory than ``max_memory_bytes`` (None: this machine's) is refused before it is traced."""
+    program = build_protocols(name, topology, collective_name, [proto], chunkup=chunkup, instances=instances,
+                              max_tbs=max_tbs, reference=reference, max_memory_bytes=max_memory_bytes,
+                              max_memory_source=max_memory_source)[proto]
+    if isinstance(program, UserError):
+        raise program
+    return program
+
+
+def build_protocols(name: str, topology, collective_name: str, protocols, *, chunkup: int = 1,
+                    instances: int = 1, max_tbs: int = 108, reference: bool = False,
+                    max_memory_bytes: int | None = None, max_memory_source: str = "--max-memory") -> dict:
+    """`build` for each of `protocols`: {protocol: Program, or the UserError its lowering raised}, traced
+    once and lowered once where the protocol changes nothing (`DSLProgram.lower_protocols`)."""
     from .budget import check_baseline_memory
 
     check_baseline_memory(name, topology, collective_name, instances, max_memory_bytes, source=max_memory_source)
     channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels)
-    if reference:
-        return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs, max_steps=REFERENCE_MAX_STEPS,
-                          max_nodes=REFERENCE_MAX_NODES)
-    return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)
+    limits = dict(max_steps=REFERENCE_MAX_STEPS, max_nodes=REFERENCE_MAX_NODES) if reference else {}
+    return prog.lower_protocols(protocols, instances=instances, max_tbs=max_tbs, **limits)
 
 
 def build_on_channels(name: str, topology, collective_name: str, channels: int, *, proto: str = "Simple",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .collectives import Collective, make_collective
 from .errors import UserError
-from .lowering import DEFAULT_MAX_STEPS, LoweringOptions, lower_ops
+from .lowering import DEFAULT_MAX_STEPS, LoweringOptions, lower_ops_protocols
 from .lowering.ops import COPY, REDUCE, ChunkOp
 from .program import MAX_NODES, Buf, Program
 
@@ -176,8 +176,18 @@ class DSLProgram:
               max_steps: int = DEFAULT_MAX_STEPS, max_nodes: int = MAX_NODES) -> Program:
         """Lower through `taccl.lowering` and prove with the checker (steps per thread block up to
         `max_steps`, XML nodes per rank up to `max_nodes`: the executor's default build allows 64 and 4096)."""
+        program = self.lower_protocols([proto], instances=instances, min_bytes=min_bytes, max_bytes=max_bytes,
+                                       max_tbs=max_tbs, fuse=fuse, check=check, max_steps=max_steps,
+                                       max_nodes=max_nodes)[proto]
+        if isinstance(program, UserError):
+            raise program
+        return program
+
+    def lower_protocols(self, protocols, **options) -> dict:
+        """`lower` (its keyword options) for each of `protocols` at once: {protocol: Program, or the UserError
+        its lowering raised}, one lowering and proof shared where the protocol changes nothing
+        (`taccl.lowering.lower_ops_protocols`)."""
         if not self._ops:
             raise UserError(f"DSL program {self.name!r} has no operations")
-        opts = LoweringOptions(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
-                               max_tbs=max_tbs, fuse=fuse, check=check, max_steps=max_steps, max_nodes=max_nodes)
-        return lower_ops(self.chunk_ops(), self.coll, name=self.name, options=opts)
+        return lower_ops_protocols(self.chunk_ops(), self.coll, protocols, name=self.name,
+                                   options=LoweringOptions(**options))

@@ -388,3 +388,33 @@ def test_target_counts_a_tie_with_the_baseline_but_not_a_loss():
     # no baseline: only the optimum counts
     assert target_shortfall(8.0, None, 7.5) is None
     assert target_shortfall(None, 7.0, 7.0) == "no synthesized program"
+
+
+def test_a_baseline_task_lowers_once_per_instance_count(tmp_path, monkeypatch):
+    # two protocols x two instance counts: two lowerings and proofs, not four; each variant's record is what
+    # building it alone gives, and simulating the lowered Program gives what its XML read back gives
+    import taccl.lowering as lowering
+    from taccl.baselines import build
+    from taccl.batch.jobs import _simulate, execute
+    from taccl.topology import Topology, load_spec
+    from taccl.xmlio import program_to_xml
+
+    path = sku_file(tmp_path)
+    path.write_text(path.read_text().replace("  protocol: [Simple, LL]", "  protocol: [Simple, LL]\n  instances: [1, 2]"))
+    task = next(t for t in plan(load_sku(path)) if t.kind == "baseline" and t.baseline == "ring")
+    assert sorted((p.proto, p.instances) for p in task.programs) == [("LL", 1), ("LL", 2), ("Simple", 1),
+                                                                      ("Simple", 2)]
+    lowerings = []
+    real = lowering._lower_ops
+    monkeypatch.setattr(lowering, "_lower_ops", lambda *a, **k: lowerings.append(a[3].proto) or real(*a, **k))
+    records = []
+    execute(task, records.append)
+    assert lowerings == ["Simple", "Simple"]
+    topo = Topology(load_spec(task.topology), task.nodes)
+    by_key = {r["key"]: r for r in records}
+    for prog in task.programs:
+        xml = by_key[prog.key]
+        alone = build("ring", topo, task.collective, proto=prog.proto, instances=prog.instances, reference=True)
+        alone.name = prog.label
+        assert xml["status"] == "ok" and xml["xml"] == program_to_xml(alone)
+        assert by_key[prog.sim_key]["time_us"] == _simulate(task, prog, xml, topo)["time_us"]

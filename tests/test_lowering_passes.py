@@ -879,3 +879,49 @@ def test_a_lowering_at_the_reference_step_limit_tries_few_caps_and_then_less_fus
                     reference=True)
     assert tried == [("natural", c) for c in (1024, 512, 256, 128, 64, 32, 16)] + [("safe", 1024)]
     assert check_program(program, max_steps=REFERENCE_MAX_STEPS, max_nodes=REFERENCE_MAX_NODES).proven
+
+
+def _counting_proofs(monkeypatch, fail_first: int = 0) -> list:
+    """Count the lowering's proofs (`verify_program` calls); the first `fail_first` report a failure."""
+    import taccl.lowering as lowering
+    from taccl.checker import ERROR, CheckReport, Finding
+
+    calls = []
+    real = lowering.verify_program
+
+    def counted(program, **kw):
+        calls.append(program.proto)
+        if len(calls) <= fail_first:
+            return CheckReport(collective="allgather", findings=[Finding(ERROR, "deadlock", "(test)")])
+        return real(program, **kw)
+
+    monkeypatch.setattr(lowering, "verify_program", counted)
+    return calls
+
+
+def test_protocols_share_one_lowering_and_proof_when_the_protocol_changes_nothing(monkeypatch):
+    import taccl.lowering as lowering
+
+    coll = make_collective("allgather", 8)
+    ops = lowering.algorithm_ops(ring_algorithm("allgather", 8), coll)
+    alone = {p: program_to_xml(lowering.lower_ops(ops, coll, name="ring", proto=p)) for p in ("Simple", "LL", "LL128")}
+    proofs = _counting_proofs(monkeypatch)
+    both = lowering.lower_ops_protocols(ops, coll, ["LL", "LL128", "Simple"], name="ring",
+                                        options=lowering.LoweringOptions())
+    assert proofs == ["Simple"]  # the shallowest FIFOs proven; deeper ones cannot deadlock where it did not
+    assert {p: program_to_xml(prog) for p, prog in both.items()} == alone
+    assert len({id(prog) for prog in both.values()}) == 3  # each its own Program, free to rename
+
+
+def test_a_failed_proof_lowers_every_protocol_on_its_own(monkeypatch):
+    import taccl.lowering as lowering
+
+    coll = make_collective("allgather", 8)
+    ops = lowering.algorithm_ops(ring_algorithm("allgather", 8), coll)
+    proofs = _counting_proofs(monkeypatch, fail_first=1)
+    out = lowering.lower_ops_protocols(ops, coll, ["Simple", "LL"], name="ring", options=lowering.LoweringOptions())
+    # Simple's first attempt "deadlocked": deeper FIFOs might prove it, so LL tries its own attempts
+    assert proofs == ["Simple", "Simple", "LL"]
+    assert out["Simple"].proto.value == "Simple" and out["LL"].proto.value == "LL"
+    with pytest.raises(UserError, match="unknown protocol 'LL64'"):
+        lowering.lower_ops_protocols(ops, coll, ["Simple", "LL64"], name="ring", options=lowering.LoweringOptions())

@@ -218,20 +218,22 @@ def execute(task: Task, emit) -> None:
         record = _synthesize(task)
         emit(record)
         algo = record
+    built = {}  # a baseline's programs, by instance count (see `_baseline_program`)
     for prog in task.programs:
         xml = task.cached.get(prog.key)
+        program = None  # the Program just lowered, simulated as it is rather than parsed back from its XML
         if prog.key not in task.done:
             if task.kind == "synthesis" and (algo is None or algo["status"] != "ok"):
                 why = algo["reason"] if algo else "no synthesis"
                 xml = failure(prog.key, "program", f"synthesis failed: {why}", label=prog.label)
             else:
-                xml = _lower(task, prog, algo, topo)
+                xml, program = _lower(task, prog, algo, topo, built)
             emit(xml)
         if prog.sim_key not in task.done:
             if xml is None or xml["status"] != "ok":
                 emit(failure(prog.sim_key, "simulation", xml["reason"] if xml else "no program", label=prog.label))
             else:
-                emit(_simulate(task, prog, xml, topo))
+                emit(_simulate(task, prog, xml, topo, program))
 
 
 def _synthesize(task: Task) -> dict:
@@ -259,7 +261,8 @@ def _synthesize(task: Task) -> dict:
             "algorithm": algo.to_json()}
 
 
-def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
+def _lower(task: Task, prog: ProgramJob, algo_record, topo, built: dict) -> tuple:
+    """(the program's record, the Program or None when it failed)."""
     from ..algorithm import Algorithm
     from ..xmlio import program_to_xml
 
@@ -274,28 +277,47 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo) -> dict:
                             proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo,
                             fusion=prog.fusion)
         else:
-            from ..baselines import build
-
-            # a baseline stands for NCCL's own algorithm: no executor step limit (see baselines.build)
-            program = build(task.baseline, topo, task.collective, instances=prog.instances, proto=prog.proto,
-                            max_tbs=task.max_tbs, reference=True, max_memory_bytes=task.max_memory_bytes,
-                            max_memory_source=task.max_memory_source)
+            program = _baseline_program(task, prog, topo, built)
             program.name = prog.label
     except Exception as exc:
         reason, tb = _reason(exc)
-        return failure(prog.key, "program", reason, label=prog.label, traceback=tb)
+        return failure(prog.key, "program", reason, label=prog.label, traceback=tb), None
     return {"key": prog.key, "kind": "program", "status": "ok", "label": prog.label,
             "time_s": round(time.monotonic() - t0, 3), "nchannels": program.nchannels,
-            "threadblocks": program.max_threadblocks, "steps": program.nsteps, "xml": program_to_xml(program)}
+            "threadblocks": program.max_threadblocks, "steps": program.nsteps,
+            "xml": program_to_xml(program)}, program
 
 
-def _simulate(task: Task, prog: ProgramJob, xml_record, topo) -> dict:
+def _baseline_program(task: Task, prog: ProgramJob, topo, built: dict):
+    """The baseline variant `prog`. The first variant of an instance count builds that count's programs for
+    every protocol still to do at once (one trace and, where the protocol changes nothing, one lowering and
+    proof: `taccl.baselines.build_protocols`) into `built`, from which each variant then takes its own."""
+    from ..baselines import build_protocols
+
+    if prog.instances not in built:
+        protocols = [p.proto for p in task.programs if p.instances == prog.instances and p.key not in task.done]
+        try:
+            # a baseline stands for NCCL's own algorithm: no executor step limit (see baselines.build)
+            built[prog.instances] = build_protocols(
+                task.baseline, topo, task.collective, protocols, instances=prog.instances, max_tbs=task.max_tbs,
+                reference=True, max_memory_bytes=task.max_memory_bytes, max_memory_source=task.max_memory_source)
+        except TacclError as exc:  # refused before lowering (memory, a missing link): so is every protocol
+            built[prog.instances] = exc
+    group = built[prog.instances]
+    program = group if isinstance(group, TacclError) else group.pop(prog.proto)
+    if isinstance(program, TacclError):
+        raise program
+    return program
+
+
+def _simulate(task: Task, prog: ProgramJob, xml_record, topo, program=None) -> dict:
     from ..simulator import Simulator
     from ..xmlio import parse_xml
 
     t0 = time.monotonic()
     try:
-        program = parse_xml(xml_record["xml"]).program
+        if program is None:
+            program = parse_xml(xml_record["xml"]).program
         sim = Simulator(program, topo)
         results = [sim.run(s) for s in task.grid]
     except Exception as exc:

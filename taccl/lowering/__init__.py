@@ -17,6 +17,8 @@ Public API
 fusion="auto") -> Program``
     (instances and protocol default to the algorithm's; with a topology, the fastest of its fusion policies)
 ``lower_ops(ops, collective, *, name, ...) -> Program``   (the DSL's entry point)
+``lower_ops_protocols(ops, collective, protocols, *, name, options) -> {protocol: Program | UserError}``
+    the same ops for several protocols, lowered and proven once where the protocol changes nothing
 ``write_program(program, path, dialect="executor") -> Path``   check, then write atomically
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ import hashlib
 import math
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import CheckFailed, UserError
 from ..program import MAX_NODES, Program, Proto
@@ -38,7 +40,7 @@ from .instructions import generate
 from .ops import ChunkOp
 from .schedule import ChannelsFull, OrderFailed, allocate
 
-__all__ = ["lower", "lower_ops", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
+__all__ = ["lower", "lower_ops", "lower_ops_protocols", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
            "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of"]
 
 MAX_CHANNELS = 32
@@ -307,7 +309,46 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
 
 def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = None, **kw) -> Program:
     """Lower ChunkOps (from `taccl.lowering.buffers` or `taccl.dsl`) for `coll`; see `lower`."""
-    opts = options or LoweringOptions(**kw)
+    return _lower_ops(ops, coll, name, options or LoweringOptions(**kw))
+
+
+def lower_ops_protocols(ops: list, coll, protocols, *, name: str, options: LoweringOptions) -> dict:
+    """`lower_ops` for each of `protocols` ({protocol: Program, or the UserError its lowering raised}),
+    lowering and proving once where the protocol cannot change the outcome.
+
+    The protocol enters a lowering only through the proof, as the FIFO depth of its deadlock search
+    (`Proto.fifo_depth`): a program free of deadlock with shallow FIFOs is free of it with deeper ones (a
+    step waits only on data, credits and other steps, and deeper FIFOs only grant credits earlier), and
+    races and the postcondition do not depend on the depth. So when the shallowest protocol's lowering succeeds without
+    a failed proof on the way, every other protocol's lowering would try the same attempts, fail them for the
+    same reasons and return the same program: that program serves them all with its protocol changed. A
+    512-rank ring baseline is 2 M steps and over two minutes a lowering."""
+    for proto in protocols:
+        replace(options, proto=proto).validate()
+    out = {}
+    first, *rest = sorted(dict.fromkeys(protocols), key=lambda p: Proto(p).fifo_depth)
+    failed_proofs = []
+    try:
+        shared = _lower_ops(ops, coll, name, replace(options, proto=first), failed_proofs)
+    except UserError as exc:
+        shared = exc
+    out[first] = shared
+    for proto in rest:
+        if isinstance(shared, UserError) and not failed_proofs:
+            out[proto] = shared  # every attempt failed on the runtime's limits, which the protocol does not move
+        elif not failed_proofs:
+            out[proto] = replace(shared, proto=Proto(proto))
+        else:
+            try:
+                out[proto] = _lower_ops(ops, coll, name, replace(options, proto=proto))
+            except UserError as exc:
+                out[proto] = exc
+    return out
+
+
+def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs: list | None = None) -> Program:
+    """See `lower_ops`; the (fusion mode, step cap) of every attempt whose proof failed is appended to
+    `failed_proofs`."""
     opts.validate()
     N = opts.instances
     if N > 1 and any(op.cnt > 1 for op in ops):
@@ -379,6 +420,8 @@ def lower_ops(ops: list, coll, *, name: str, options: LoweringOptions | None = N
             report = verify_program(program, max_steps=opts.max_steps if opts.max_steps != DEFAULT_MAX_STEPS else None,
                                     max_nodes=opts.max_nodes)
             if not report.ok:
+                if failed_proofs is not None:
+                    failed_proofs.append((mode, cap))
                 if mode is not None:
                     # (a fused order that deadlocks): fewer steps per block may break the cycle; halving the
                     # cap bounds the retries (at a baseline's reference limit of 1024 steps, 8 builds, not 128)
