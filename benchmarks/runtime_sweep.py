@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from taccl import runtime as trt  # noqa: E402
 from taccl.errors import TacclError, UserError  # noqa: E402
-from taccl.units import parse_size  # noqa: E402
+from taccl.units import SIZE_HELP, parse_size  # noqa: E402
 
 
 def program_files(paths: list[str]) -> list[Path]:
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="+", help="XML files or directories of them")
     ap.add_argument("--backend", choices=["host", "cuda"], default="host")
     ap.add_argument("--sizes", default="1KiB,64KiB,1MiB",
-                    help="comma-separated sizes of the larger buffer (1KiB = 1024 bytes, 1KB = 1000)")
+                    help=f"comma-separated sizes of the larger buffer ({SIZE_HELP})")
     ap.add_argument("--dtypes", default="float32,float16,bfloat16")
     ap.add_argument("--iters", type=int, default=2, help="runs per case, each on fresh random data")
     ap.add_argument("--timeout-ms", type=int, default=20000, help="the runtime's deadlock watchdog")

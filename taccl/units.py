@@ -1,6 +1,8 @@
 """Units used everywhere: time in microseconds, sizes in bytes, bandwidth in GB/s (1 GB/s = 1000 bytes/us).
 
-Human input accepts sizes such as `1M`, `1MB` (10^6), `64KiB` (2^16) and `1G`.
+Sizes follow nccl-tests (`-b 1K -e 1G`): K, M, G and T are powers of 1024, with or without a B or iB after
+them, so `1M`, `1MB` and `1MiB` are all 1048576 bytes (nccl-tests reads only the unit's first letter). A
+decimal size is written in bytes (`1000000`). Printed sizes use KiB / MiB / GiB, or bytes.
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ BYTES_PER_US_PER_GBPS = 1000.0
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?)([bB]?)\s*$")
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+# for every --help that reads a size
+SIZE_HELP = "K, M, G are powers of 1024 as in nccl-tests: 1M = 1MiB = 1048576 bytes"
 
 
 def parse_size(text, *, path: str | None = None, where: str | None = None) -> int:
-    """Parse `1M`, `64KiB`, `1GB`, `4096` or an int into a number of bytes."""
+    """Parse `1M`, `64KiB`, `1GB`, `4096` or an int into a number of bytes (K, M, G, T: powers of 1024)."""
     if isinstance(text, bool):
         raise UserError(f"expected a size such as 1M or 64KiB, got {text!r}", path=path, where=where)
     if isinstance(text, int):
@@ -27,9 +31,10 @@ def parse_size(text, *, path: str | None = None, where: str | None = None) -> in
     m = _SIZE_RE.match(str(text))
     if not m:
         raise UserError(f"expected a size such as 1M, 64KiB or 1GB, got {text!r}", path=path, where=where)
-    number, prefix, binary, _ = m.groups()
-    base = 1024 if binary else 1000
-    value = float(number) * base ** _POWERS[prefix.lower()]
+    number, prefix, binary, unit = m.groups()
+    if binary and not prefix:
+        raise UserError(f"expected a size such as 1M, 64KiB or 1GB, got {text!r}", path=path, where=where)
+    value = float(number) * 1024 ** _POWERS[prefix.lower()]
     if value != int(value):
         raise UserError(f"size {text!r} is not a whole number of bytes", path=path, where=where)
     return int(value)
@@ -55,9 +60,10 @@ def parse_size_range(text: str, *, where: str = "--sizes") -> list[int]:
 
 
 def format_size(nbytes: int) -> str:
-    """Shortest exact human form: 1048576 -> '1MiB', 64000000 -> '64MB', 1536 -> '1536B'."""
+    """Shortest exact form that no reader takes for another size: 1048576 -> '1MiB', 1536 -> '1536B',
+    64000000 -> '62500KiB'."""
     forms = [f"{nbytes}B"]
-    for unit, base in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+    for unit, base in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= base and nbytes % base == 0:
             forms.append(f"{nbytes // base}{unit}")
     return min(forms, key=len)

@@ -344,7 +344,7 @@ def test_a_fusion_variant_lowers_each_synthesis_once_more(tmp_path):
     path.write_text(base + "    variants: {protocol: [LL], fusion: [auto, network]}\n")
     tasks = [t for t in plan(load_sku(path)) if t.kind == "synthesis"]
     labels = {t.nodes: sorted(p.label for p in t.programs) for t in tasks}
-    assert labels == {1: ["ndv2-hier@1MB/LL"], 2: ["ndv2-hier@1MB/LL", "ndv2-hier@1MB/LL+network"]}
+    assert labels == {1: ["ndv2-hier@1MiB/LL"], 2: ["ndv2-hier@1MiB/LL", "ndv2-hier@1MiB/LL+network"]}
     assert {p.fusion for t in tasks for p in t.programs} == {"auto", "network"}
     path.write_text(base + "    variants: {protocol: [LL]}\n")
     plain = {p.key for t in plan(load_sku(path)) if t.kind == "synthesis" for p in t.programs}

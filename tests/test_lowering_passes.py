@@ -256,7 +256,7 @@ def test_lower_cli(tmp_path, capsys):
     assert main(["lower", str(path), "--instances", "2", "--proto", "LL128", "--max-bytes", "1M"]) == 0
     out = tmp_path / "ring.xml"
     prog = parse_xml(out.read_text()).program
-    assert prog.max_bytes == 1_000_000 and str(prog.proto) == "LL128"
+    assert prog.max_bytes == 1 << 20 and str(prog.proto) == "LL128"
     assert main(["lower", str(path), "-o", str(tmp_path / "l.xml"), "--dialect", "legacy"]) == 0
     (tmp_path / "broken.json").write_text("{}")
     assert main(["lower", str(tmp_path / "broken.json")]) == 2

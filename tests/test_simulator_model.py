@@ -225,7 +225,7 @@ def test_simulate_cli(tmp_path, capsys):
     write_program(build("direct", t, "alltoall"), tmp_path / "a2a.xml")
     assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "dgx2", "--sizes", "1K:2M:32", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [r["size_bytes"] for r in doc["results"]] == [1000, 32000, 1024000]
+    assert [r["size_bytes"] for r in doc["results"]] == [1 << 10, 1 << 15, 1 << 20]  # K, M: 2^10, 2^20
     assert all(r["time_us"] >= r["lower_bound_us"] for r in doc["results"])
     assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "dgx2", "--sizes", "1M", "--no-tiling"]) == 0
     assert "x bound" in capsys.readouterr().out

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from taccl.cli import main
+from taccl.errors import UserError
 from taccl.problem import build_problem
 from taccl.sketch import load_sketch
 from taccl.synthesize import resolve
@@ -236,3 +237,20 @@ def test_a_progress_meter_estimates_the_time_left_from_the_pace_so_far():
     slow = Reporter(stream=out).progress("x", 2, "items", every_s=60)
     slow.update(1)  # not a minute yet
     assert out.getvalue().splitlines() == lines
+
+
+def test_sizes_are_read_as_nccl_tests_reads_them_and_printed_unambiguously(capsys):
+    from taccl.units import format_size, parse_size, parse_size_range
+
+    for text in ("1M", "1m", "1MB", "1MiB", "1048576", 1 << 20, "0.0009765625G", "1024K"):
+        assert parse_size(text) == 1 << 20, text
+    assert parse_size("64KiB") == parse_size("64K") == 65536 and parse_size("1G") == 1 << 30
+    assert parse_size_range("1K:4K") == [1024, 2048, 4096] and parse_size("0.5M") == 1 << 19
+    for bad in ("1iB", "1.5", "M", "-1K", "1.5B"):
+        with pytest.raises(UserError):
+            parse_size(bad)
+    assert [format_size(n) for n in (1 << 20, 1536, 10 ** 6, 3 << 29)] == ["1MiB", "1536B", "1000000B", "1536MiB"]
+    for command in ("solve", "simulate", "run", "lower"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "powers of 1024 as in nccl-tests" in " ".join(capsys.readouterr().out.split()), command

@@ -132,10 +132,10 @@ def test_reference_profile_costs_scale_with_chunk_size():
 
     spec = load_spec(str(Path(__file__).resolve().parent / "data" / "reference-taccl" / "topo-ndv2-1MB.json"))
     topo = Topology(spec, 2)
-    link = topo.link(0, 3)  # a double NVLink: 23 us for a 1 MB chunk
-    assert link.cost_us(10**6) == pytest.approx(0.3 + 23.0)
-    assert link.cost_us(5 * 10**5) == pytest.approx(0.3 + 11.5)
-    assert topo.link(0, 9).cost_us(10**6) == pytest.approx(2.6 + 105.0)
+    link = topo.link(0, 3)  # a double NVLink: 23 us for a 1 MB chunk (2^20 bytes, as nccl-tests reads 1MB)
+    assert link.cost_us(1 << 20) == pytest.approx(0.3 + 23.0)
+    assert link.cost_us(1 << 19) == pytest.approx(0.3 + 11.5)
+    assert topo.link(0, 9).cost_us(1 << 20) == pytest.approx(2.6 + 105.0)
 
 
 def test_equal_tasks_take_the_rings_turn():

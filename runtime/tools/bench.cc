@@ -4,7 +4,8 @@
 //               [-d int8|uint8|int32|uint32|int64|uint64|float16|bfloat16|float32|float64] [-o sum|prod|min|max]
 //               [-B host|cuda] [-t TIMEOUT_MS]
 //
-// Sizes are the bytes of the larger buffer (as MSCCL's selection window); sizes that the program cannot run
+// Sizes are the bytes of the larger buffer (as MSCCL's selection window), read as nccl-tests reads them: a
+// K, M or G after the number multiplies by a power of 1024 (1M = 1048576). Sizes that the program cannot run
 // (divisibility) are skipped. Columns follow nccl-tests: out-of-place then in-place, each with time (us),
 // algbw and busbw (GB/s) and #wrong (-1 = not checked). The exit code is 1 when any check fails.
 #include <cmath>
@@ -21,6 +22,25 @@ namespace {
 
 const char* kTypes[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"};
 const char* kOps[] = {"sum", "prod", "min", "max"};
+
+// Bytes of a size such as 4096, 64K, 1M or 1G (only the unit's first letter counts, as in nccl-tests:
+// 1MB and 1MiB are 1M too); -1 when it is not one.
+int64_t parseSize(const char* text) {
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  if (end == text || !(v >= 0)) return -1;
+  double scale = 1;
+  switch (*end) {
+    case 'K': case 'k': scale = 1024.0; break;
+    case 'M': case 'm': scale = 1024.0 * 1024; break;
+    case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+    case '\0': break;
+    default: return -1;
+  }
+  v *= scale;
+  if (v != std::floor(v) || v > 9.0e18) return -1;
+  return (int64_t)v;
+}
 
 void store(int dt, void* base, int64_t i, double v) {
   switch (dt) {
@@ -152,8 +172,8 @@ int main(int argc, char** argv) {
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     auto need = [&]() { if (!v) { std::fprintf(stderr, "taccl_bench: %s needs a value\n", a.c_str()); std::exit(2); } ++i; return v; };
     if (a == "-x") xml = need();
-    else if (a == "-b") minb = std::atoll(need());
-    else if (a == "-e") maxb = std::atoll(need());
+    else if (a == "-b") minb = parseSize(need());
+    else if (a == "-e") maxb = parseSize(need());
     else if (a == "-f") factor = std::atoi(need());
     else if (a == "-w") warm = std::atoi(need());
     else if (a == "-n") iters = std::atoi(need());

@@ -11,7 +11,7 @@ from ..algorithm import Algorithm
 from ..errors import UserError
 from ..fileio import load_json
 from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
-from ..units import parse_size
+from ..units import SIZE_HELP, parse_size
 from ..xmlio import DIALECTS
 
 
@@ -24,8 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default=None,
                    help="NCCL protocol (default: the one the algorithm was synthesized for, Simple if unset)")
     p.add_argument("--dialect", choices=DIALECTS, default="executor", help="XML dialect (default executor)")
-    p.add_argument("--min-bytes", default="0", help="smallest buffer size the runtime selects this for (default 0)")
-    p.add_argument("--max-bytes", default="0", help="largest buffer size, inclusive; 0 = unbounded (default)")
+    p.add_argument("--min-bytes", default="0", help=f"smallest buffer size the runtime selects this for (default 0; {SIZE_HELP})")
+    p.add_argument("--max-bytes", default="0", help=f"largest buffer size, inclusive; 0 = unbounded (default; {SIZE_HELP})")
     p.add_argument("--max-tbs", type=int, default=None,
                    help="thread blocks per rank at most (default: the SM count of the algorithm's topology, "
                         f"else {DEFAULT_MAX_TBS}, an A100's)")

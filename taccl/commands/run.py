@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ..errors import UserError
-from ..units import parse_size
+from ..units import SIZE_HELP, parse_size
 
 
 def register(subparsers) -> None:
@@ -15,7 +15,7 @@ def register(subparsers) -> None:
     p.add_argument("file", metavar="FILE.xml")
     p.add_argument("--ranks", type=int, default=None, help="number of ranks (must equal the file's ngpus; "
                                                            "default: the file's)")
-    p.add_argument("--size", default="1M", help="bytes of the larger buffer, e.g. 1M, 64KiB (default 1M)")
+    p.add_argument("--size", default="1M", help=f"bytes of the larger buffer, e.g. 1M, 64KiB (default 1M; {SIZE_HELP})")
     p.add_argument("--dtype", default="float32", help="int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 "
                                                       "float32 float64 (default float32)")
     p.add_argument("--op", default="sum", help="sum prod min max (default sum)")

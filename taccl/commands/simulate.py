@@ -11,7 +11,7 @@ from ..bounds import lower_bound
 from ..errors import UserError
 from ..simulator import SimOptions, Simulator
 from ..topology import Topology, load_spec
-from ..units import format_size, parse_size_range
+from ..units import SIZE_HELP, format_size, parse_size_range
 from ..xmlio import read_program
 
 
@@ -21,7 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("file", metavar="FILE.xml")
     p.add_argument("--topology", "-t", required=True, help="built-in name (ndv2, dgx2, ...) or topology file")
     p.add_argument("--nodes", "-n", type=int, default=None, help="node count (default: ranks / GPUs per node)")
-    p.add_argument("--sizes", default="1K:1G", help="LO:HI[:FACTOR] or a comma list, e.g. 1K:1G (default)")
+    p.add_argument("--sizes", default="1K:1G", help=f"LO:HI[:FACTOR] or a comma list, e.g. 1K:1G (default; {SIZE_HELP})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--no-tiling", action="store_true", help="move each chunk in one piece (no runtime tiles)")
     p.set_defaults(func=run)

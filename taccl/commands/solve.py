@@ -10,7 +10,7 @@ from ..fileio import write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import SOLVERS
-from ..units import parse_size
+from ..units import SIZE_HELP, parse_size
 
 
 def register(sub):
@@ -22,7 +22,7 @@ def register(sub):
     p.add_argument("--nodes", type=int, help="number of nodes (overrides the sketch)")
     p.add_argument("--collective", help="allgather, alltoall, reducescatter, allreduce, broadcast, reduce, gather, scatter, "
                                         "or a JSON file with a custom collective")
-    p.add_argument("--size", help="input size, e.g. 1M, 64KiB (overrides the sketch; default 1M)")
+    p.add_argument("--size", help=f"input size, e.g. 1M, 64KiB (overrides the sketch; default 1M; {SIZE_HELP})")
     p.add_argument("--solver", choices=SOLVERS, default=None, help="MILP solver (default: the sketch's, else highs)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="time limit per MILP stage in seconds (default: the sketch's, else 120)")
@@ -41,7 +41,7 @@ def register(sub):
                         "it and the XML uses it (default: the sketch's hyperparameters.instances, else 1)")
     p.add_argument("--max-memory", metavar="SIZE", default=None,
                    help="refuse, before solving, a problem whose synthesis is estimated to need more memory "
-                        "than this, e.g. 8G (default: this machine's memory)")
+                        f"than this, e.g. 8G (default: this machine's memory; {SIZE_HELP})")
     p.add_argument("-o", "--output", default=".", metavar="OUTDIR", help="output directory (default .)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
