@@ -65,12 +65,32 @@ def validate(doc, schema_name: str, *, path: str | None = None) -> None:
         raise UserError(f"{err.message} (schema {schema_name})", path=path, where=json_path(err.absolute_path))
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can only set it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path, data, *, mode: str = "w") -> Path:
-    """Write `data` to `path` via a temporary file in the same directory and a rename."""
+    """Write `data` to `path` via a temporary file in the same directory and a rename. The file gets the
+    permissions any tool's new file gets (0666 less the umask; mkstemp's are 0600), or keeps those of the
+    file it replaces."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        perms = path.stat().st_mode & 0o7777
+    except OSError:
+        perms = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, perms)
         with os.fdopen(fd, mode) as fh:
             fh.write(data)
             fh.flush()

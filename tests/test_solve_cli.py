@@ -254,3 +254,20 @@ def test_sizes_are_read_as_nccl_tests_reads_them_and_printed_unambiguously(capsy
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "powers of 1024 as in nccl-tests" in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_written_files_honour_the_umask_and_keep_a_replaced_files_mode(tmp_path):
+    import os
+    import stat
+
+    from taccl.fileio import atomic_write
+
+    old = os.umask(0o027)
+    try:
+        assert stat.S_IMODE(atomic_write(tmp_path / "a.xml", "x").stat().st_mode) == 0o640
+        os.umask(0o002)
+        assert stat.S_IMODE(atomic_write(tmp_path / "b.xml", "x").stat().st_mode) == 0o664
+        os.chmod(tmp_path / "a.xml", 0o600)
+        assert stat.S_IMODE(atomic_write(tmp_path / "a.xml", "y").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
