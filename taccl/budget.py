@@ -75,7 +75,7 @@ def check_memory(coll: Collective, limit_bytes: int | None, *, path=None, source
     if need > limit:
         raise UserError(f"{coll.name} on {coll.num_ranks} ranks in {coll.num_chunks} chunks makes at least "
                         f"{transfers:,} transfers: synthesizing, lowering and proving it needs at least "
-                        f"about {_gib(need)} of memory, more than the {_gib(limit)} of {source}. "
+                        f"about {gib(need)} of memory, more than the {gib(limit)} of {source}. "
                         f"Use fewer nodes or a smaller input_chunkup, or a larger --max-memory on a machine "
                         f"that has it", path=path)
 
@@ -100,11 +100,11 @@ def check_baseline_memory(name: str, topology, collective_name: str, instances: 
     if need > limit:
         raise UserError(f"baseline {name!r} for {collective_name} on {topology.num_ranks} ranks"
                         f"{f' in {instances} instances' if instances > 1 else ''} makes about {steps:,} steps: "
-                        f"building, proving and simulating it needs about {_gib(need)} of memory, more than the "
-                        f"{_gib(limit)} of {source}. Use fewer nodes or instances, or leave this baseline out")
+                        f"building, proving and simulating it needs about {gib(need)} of memory, more than the "
+                        f"{gib(limit)} of {source}. Use fewer nodes or instances, or leave this baseline out")
 
 
-def _gib(nbytes: int) -> str:
+def gib(nbytes: int) -> str:
     if nbytes >= 1 << 30:
         return f"{nbytes / (1 << 30):.1f} GiB"
     return f"{nbytes / (1 << 20):.0f} MiB"

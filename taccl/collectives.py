@@ -123,6 +123,15 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(str(name).lower(), str(name).lower())
 
 
+def check_known(name: str, *, path: str | None = None, where: str | None = None) -> str:
+    """The canonical name of a built-in collective; `UserError` (naming `path` and `where`) otherwise."""
+    canon = canonical_name(name)
+    if canon not in NAMES:
+        raise UserError(f"unknown collective {name!r}; known: {', '.join(NAMES)} (or a JSON file with a custom one)",
+                        path=path, where=where)
+    return canon
+
+
 def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 0, form: str = "",
                     local_blocks: int = 0) -> Collective:
     """A built-in collective. `local_blocks` (an AllReduce's, reduced and broadcast: any rank may sum any
@@ -130,9 +139,7 @@ def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 
     the pieces that one GPU of every node sums in a node phase (`taccl.phases`) are then one contiguous
     block, so the transfers of a node phase between two GPUs can be sent as a few steps of many chunks
     instead of one step per chunk (`taccl.contiguity.coalesce`)."""
-    name = canonical_name(name)
-    if name not in NAMES:
-        raise UserError(f"unknown collective {name!r}; known: {', '.join(NAMES)} (or a JSON file with a custom one)")
+    name = check_known(name)
     if form and form not in FORMS.get(name, ()):
         raise UserError(f"a {name} has no form {form!r}" + (f"; known: {', '.join(FORMS[name])}" if name in FORMS else ""))
     form = "" if form == "reduce-broadcast" else form

@@ -65,6 +65,59 @@ def validate(doc, schema_name: str, *, path: str | None = None) -> None:
         raise UserError(f"{err.message} (schema {schema_name})", path=path, where=json_path(err.absolute_path))
 
 
+def check_output_dir(path, *, where: str = "-o") -> Path:
+    """Refuse, before any work, an output directory that cannot be made or written: a file, one under a file,
+    a read-only place, a name the file system cannot hold."""
+    path = Path(path)
+    _check_writable_dir(path, path, where)
+    return path
+
+
+def check_output_file(path, *, where: str = "-o") -> Path:
+    """`check_output_dir` for the file's directory, and the file itself not a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError("is a directory, expected a file name", path=str(path), where=where)
+    _check_writable_dir(path.parent, path, where)
+    return path
+
+
+def _check_writable_dir(directory: Path, target: Path, where: str) -> None:
+    """That `directory` exists or can be made, and can be written in; errors name `target`."""
+    _check_path_length(target, where)
+    probe = directory
+    while not probe.exists():  # the deepest part that exists must be a directory we may write in
+        if probe.is_symlink():
+            raise UserError(f"cannot be made: {probe} is a broken symbolic link", path=str(target), where=where)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        what = "is a file" if probe == target else f"cannot be made: {probe} is a file"
+        raise UserError(f"{what}, expected a directory", path=str(target), where=where)
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write in {probe}: permission denied", path=str(target), where=where)
+
+
+def check_output_name(name: str, *, where: str = "--name", suffix: str = "") -> str:
+    """A file name (not a path) that the file system can hold, `suffix` included."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise UserError(f"{name!r} is not a file name (no directories, '/', '..' or NUL)", where=where)
+    if len((name + suffix).encode(errors="surrogateescape")) > _NAME_MAX:
+        raise UserError(f"{name + suffix!r} is longer than the file system's {_NAME_MAX} bytes a name", where=where)
+    return name
+
+
+_NAME_MAX = 255  # bytes in one path component on Linux file systems (ext4, xfs, tmpfs)
+
+
+def _check_path_length(path: Path, where: str) -> None:
+    for part in path.parts:
+        if len(part.encode(errors="surrogateescape")) > _NAME_MAX:
+            raise UserError(f"a part of the path is longer than the file system's {_NAME_MAX} bytes a name",
+                            path=str(path), where=where)
+
+
 def _umask() -> int:
     """The process's umask, read without changing it where Linux shows it (os.umask can only set it)."""
     try:
@@ -83,12 +136,12 @@ def atomic_write(path, data, *, mode: str = "w") -> Path:
     permissions any tool's new file gets (0666 less the umask; mkstemp's are 0600), or keeps those of the
     file it replaces."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        perms = path.stat().st_mode & 0o7777
-    except OSError:
-        perms = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        perms = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # a file in the way, no permission, a name too long: the user's to mend
+        raise UserError(f"cannot write: {exc.strerror or exc}", path=str(path)) from None
     try:
         os.fchmod(fd, perms)
         with os.fdopen(fd, mode) as fh:
@@ -96,11 +149,13 @@ def atomic_write(path, data, *, mode: str = "w") -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):  # a full disk, a quota: nothing half-written is left
+            raise UserError(f"cannot write: {exc.strerror or exc}", path=str(path)) from None
         raise
     return path
 

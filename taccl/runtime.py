@@ -381,6 +381,7 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
         if not inplace and not info.outofplace:
             raise UserError("the program is only for in-place calls; pass --inplace", path=str(path))
         count = count_for_size(info.coll, R, size, dtype, info.nchunksperloop)
+        _check_run_memory(R, size, path)
         inputs = make_inputs(info.coll, dtype, op, R, count, seed)
         out = rt.run_raw(info.coll, dtype, op, inputs, inplace=inplace, program=idx, root=root)
         report = {"file": str(path), "coll": info.coll, "proto": info.proto, "ranks": R, "bytes": size,
@@ -398,6 +399,22 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
             if wrong:
                 raise CheckFailed(f"{path}: {wrong} wrong elements; first: {first}")
         return report
+
+
+# a run holds every rank's input, output and scratch and the reference result: about this many buffers of the
+# larger size per rank
+RUN_BUFFERS_PER_RANK = 4
+
+
+def _check_run_memory(ranks: int, size: int, path) -> None:
+    """Refuse, before allocating, a run whose buffers would not fit in this machine's memory."""
+    from .budget import gib, machine_memory_bytes
+
+    limit = machine_memory_bytes()
+    need = RUN_BUFFERS_PER_RANK * ranks * size
+    if limit is not None and need > limit:
+        raise UserError(f"a run of {size:,} bytes on {ranks} ranks holds about {gib(need)} of buffers, more than "
+                        f"the {gib(limit)} of this machine's memory: use a smaller --size", path=str(path))
 
 
 def count_wrong(outputs: list, ref: list, dtype: str) -> tuple:

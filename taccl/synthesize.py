@@ -23,7 +23,7 @@ from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
 from .bounds import lower_bound, lower_bounds
 from .budget import check_memory
-from .collectives import Collective, canonical_name, load_custom_collective, make_collective
+from .collectives import Collective, canonical_name, check_known, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
 from .ordering import Task, best_schedule, rotation_turns
@@ -76,6 +76,10 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     elif name.endswith(".json"):
         coll = load_custom_collective(name, topo.num_ranks)
     else:
+        if collective:
+            check_known(name, where="--collective")
+        else:
+            check_known(name, path=sketch.path, where="$.collective")
         coll = sketch_collective(sketch, name, topo)
     if input_size is not None:
         size = parse_size(input_size, where="--size")

@@ -41,22 +41,29 @@ def parse_size(text, *, path: str | None = None, where: str | None = None) -> in
 
 
 def parse_size_range(text: str, *, where: str = "--sizes") -> list[int]:
-    """Parse `1K:1G` (doubling steps; LO:HI:F multiplies by F) or a comma list `1K,4K,1M` into sizes in bytes."""
+    """Parse `1K:1G` (doubling steps; LO:HI:F multiplies by F) or a comma list `1K,4K,1M` into sizes in bytes,
+    each at least one byte."""
     text = str(text)
     if ":" in text:
         parts = text.split(":")
         if len(parts) not in (2, 3):
             raise UserError(f"expected LO:HI or LO:HI:FACTOR, got {text!r}", where=where)
         lo, hi = parse_size(parts[0], where=where), parse_size(parts[1], where=where)
-        factor = int(parts[2]) if len(parts) == 3 else 2
+        try:
+            factor = int(parts[2]) if len(parts) == 3 else 2
+        except ValueError:
+            factor = 0
         if lo <= 0 or hi < lo or factor < 2:
-            raise UserError(f"expected 0 < LO <= HI and FACTOR >= 2, got {text!r}", where=where)
+            raise UserError(f"expected 0 < LO <= HI and a whole FACTOR >= 2, got {text!r}", where=where)
         sizes, s = [], lo
         while s <= hi:
             sizes.append(s)
             s *= factor
         return sizes
-    return [parse_size(p, where=where) for p in text.split(",") if p.strip()]
+    sizes = [parse_size(p, where=where) for p in text.split(",") if p.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise UserError(f"expected sizes of at least one byte, such as 1K:1G or 1K,4K,1M, got {text!r}", where=where)
+    return sizes
 
 
 def format_size(nbytes: int) -> str:

@@ -279,6 +279,7 @@ topology: ndv3
 nodes: [2, 0]
 collectives: [allgather, allsum]
 sizes: 1K:0.5
+synthesis_sizes: [1M, 0]
 candidates:
   - sketch: missing.json
     variants: {{protocol: [LL64], chunkup: [0]}}
@@ -290,12 +291,13 @@ colectives: [allreduce]
     out = tmp_path / "out"
     assert main(["batch", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "10 problems" in err
+    assert "11 problems" in err
     for text in ("line 2: $.topology: unknown topology 'ndv3'", "line 3: $.nodes[1]", "$.collectives[1]: unknown collective 'allsum'",
-                 "line 5: $.sizes", "line 7: $.candidates[0].sketch: no such sketch file",
+                 "line 5: $.sizes", "$.synthesis_sizes: a size must be at least one byte, got 0",
+                 "line 8: $.candidates[0].sketch: no such sketch file",
                  "$.candidates[0].variants.protocol[0]", "$.candidates[0].variants.chunkup[0]",
                  "$.candidates[1].collectives[0]: 'alltoall' is not one of the SKU's collectives",
-                 "$.baselines.names[1]: unknown baseline 'torus'", "line 12: $.colectives: unknown key"):
+                 "$.baselines.names[1]: unknown baseline 'torus'", "line 13: $.colectives: unknown key"):
         assert text in err, text
     assert "Traceback" not in err and not out.exists()
 

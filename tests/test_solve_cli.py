@@ -94,7 +94,7 @@ BAD = [
     ("relay-disconnects", variant(internode_sketch={"strategy": "relay", "internode_conn": {"0": [1]},
                                                     "gpus_to_sender_rev_map": {"0": [0]}}),
      ["chunk 1 (from rank 1) cannot reach rank 8"]),
-    ("unknown-collective", variant(collective="allsome"), ["unknown collective 'allsome'"]),
+    ("unknown-collective", variant(collective="allsome"), ["bad.json", "$.collective", "unknown collective 'allsome'"]),
     ("unknown-topology", variant(topology="dgx-9000"), ["unknown topology 'dgx-9000'", "$.topology"]),
     ("bad-symmetry", variant(symmetry_offsets=[[1, 8]]), ["$.symmetry_offsets[0]", "not a symmetry", "rotation maps link 0->1"]),
     ("symmetry-size", variant(symmetry_offsets=[[1, 7]]), ["does not divide the 16 ranks of 2 node(s)"]),
@@ -271,3 +271,59 @@ def test_written_files_honour_the_umask_and_keep_a_replaced_files_mode(tmp_path)
         assert stat.S_IMODE(atomic_write(tmp_path / "a.xml", "y").stat().st_mode) == 0o600
     finally:
         os.umask(old)
+
+
+SKETCH = str(ROOT / "sketches" / "ndv2-sk-1.json")
+# (argv with {t} for the test's directory, words the one-line message must hold); a file "afile" and a proven
+# ring "ring.xml" exist there. Each must exit 2 before any work, print no traceback and write nothing.
+BAD_CALLS = [
+    (["solve", SKETCH, "-o", "{t}/afile"], ["{t}/afile", "-o", "is a file, expected a directory"]),
+    (["solve", SKETCH, "-o", "{t}/afile/sub"], ["-o", "cannot be made: {t}/afile is a file"]),
+    (["solve", SKETCH, "-o", "{t}/" + "d" * 300], ["-o", "longer than the file system's 255 bytes"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--name", "../../escape"], ["--name", "is not a file name"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--name", "n" * 250], ["--name", "longer than the file system's 255"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--max-extra-hops", "-3"], ["--max-extra-hops", "0 (minimal routes only)"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--threads", "0"], ["--threads", "at least 1"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--collective", "allsome"], ["--collective", "unknown collective"]),
+    (["baseline", "ring", "-t", "ndv2", "-o", "{t}"], ["-o", "is a directory, expected a file name"]),
+    (["baseline", "ring", "-t", "ndv2", "-o", "{t}/afile/x.xml"], ["{t}/afile/x.xml", "cannot be made"]),
+    (["profile", "--from-nvidia-smi", "{t}/afile", "--offline", "-o", "{t}/afile/t.json"], ["--out", "is a file"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", "1K:1G:0.5"], ["--sizes", "a whole FACTOR >= 2"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", ","], ["--sizes", "at least one byte"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", ""], ["--sizes", "at least one byte"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", "0"], ["--sizes", "at least one byte"]),
+    (["run", "{t}/ring.xml", "--seed", "-1"], ["--seed", "0 or more"]),
+    (["run", "{t}/ring.xml", "--size", "64T"], ["of buffers, more than", "this machine's memory", "--size"]),
+]
+
+
+@pytest.mark.parametrize("argv,needles", BAD_CALLS, ids=[f"{a[0]}-{i}" for i, (a, _) in enumerate(BAD_CALLS)])
+def test_bad_calls_get_one_clear_message_before_any_work(tmp_path, capsys, argv, needles):
+    from taccl.baselines import build
+    from taccl.lowering import write_program
+    from taccl.topology import load_topology
+
+    (tmp_path / "afile").write_text("not a directory\n")
+    write_program(build("ring", load_topology("ndv2", 1), "allgather"), tmp_path / "ring.xml")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    rc = main([a.replace("{t}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle.replace("{t}", str(tmp_path)) in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, capsys):
+    assert main(["solve", SKETCH, "-o", str(tmp_path), "--no-xml", "-q"]) == 0
+    good = next(tmp_path.glob("*.algo.json"))
+    doc = json.loads(good.read_text())
+    later = next(t for t in doc["transfers"] if t["deps"])
+    doc["transfers"][later["deps"][0]]["deps"].append(later["id"])  # a cycle of two
+    bad = tmp_path / "cycle.algo.json"
+    bad.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["lower", str(bad), "-o", str(tmp_path / "cycle.xml")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: the transfers' dependencies form a cycle" in err and "Traceback" not in err
+    assert not (tmp_path / "cycle.xml").exists()

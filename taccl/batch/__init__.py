@@ -119,7 +119,9 @@ def _prepare(tasks: list, store: Store, sku: Sku, retry_failed: bool) -> tuple:
 
 
 def _outdir(sku: Sku, outdir) -> Path:
-    return Path(outdir or f"batch-{sku.name}")
+    from ..fileio import check_output_dir
+
+    return check_output_dir(outdir or f"batch-{sku.name}")
 
 
 def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:

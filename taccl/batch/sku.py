@@ -146,7 +146,10 @@ def _canon_collective(name: str):
 def _sizes(value, problems, parts):
     try:
         if isinstance(value, list):
-            return tuple(parse_size(v) for _, v in _items(value))
+            sizes = tuple(parse_size(v) for _, v in _items(value))
+            if 0 in sizes:
+                raise UserError("sizes: a size must be at least one byte, got 0")
+            return sizes
         return tuple(parse_size_range(value, where="sizes"))
     except UserError as exc:
         problems.add(parts, str(exc).removeprefix("sizes: "))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..baselines import BASELINES, build
+from ..fileio import check_output_file
 from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
 from ..topology import load_topology
 from ..xmlio import DIALECTS
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    check_output_file(args.output)
     topo = load_topology(args.topology, args.nodes, where="--topology")
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,

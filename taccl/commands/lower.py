@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..algorithm import Algorithm
 from ..errors import UserError
-from ..fileio import load_json
+from ..fileio import check_output_file, load_json
 from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
 from ..units import SIZE_HELP, parse_size
 from ..xmlio import DIALECTS
@@ -58,18 +58,23 @@ def default_output(algo_path: str) -> Path:
 def run(args) -> int:
     if args.no_fusion and args.fusion not in ("auto", "none"):
         raise UserError(f"--no-fusion and --fusion {args.fusion} contradict each other: give one of them")
+    out = check_output_file(args.output if args.output else default_output(args.algorithm))
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
     try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
         topology = algo.load_topology()
     except UserError:
         topology = None  # its topology file is gone: fuse as the schedule says
-    program = lower(algo, instances=args.instances, proto=args.proto,
-                    min_bytes=parse_size(args.min_bytes, where="--min-bytes"),
-                    max_bytes=parse_size(args.max_bytes, where="--max-bytes"),
-                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
-                    topology=topology, fusion="none" if args.no_fusion else args.fusion,
-                    block_steps=args.block_steps)
-    out = Path(args.output) if args.output else default_output(args.algorithm)
+    min_bytes = parse_size(args.min_bytes, where="--min-bytes")
+    max_bytes = parse_size(args.max_bytes, where="--max-bytes")
+    try:
+        program = lower(algo, instances=args.instances, proto=args.proto, min_bytes=min_bytes, max_bytes=max_bytes,
+                        max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
+                        topology=topology, fusion="none" if args.no_fusion else args.fusion,
+                        block_steps=args.block_steps)
+    except UserError as exc:  # a bad transfer, or an algorithm that cannot fit: name the file it came from
+        if exc.path:
+            raise
+        raise UserError(exc.message, path=args.algorithm, where=exc.where) from None
     write_program(program, out, dialect=args.dialect)
     if not args.quiet:
         print(f"{out}: {program.collective} on {program.ngpus} ranks, {program.nchannels} channel(s), "

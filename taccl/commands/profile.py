@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..fileio import write_json
+from ..fileio import check_output_file, write_json
 from ..progress import Reporter
 
 
@@ -81,10 +81,12 @@ def run(args) -> int:
         raise UserError("give --peer on one node and --listen on the other, not both", where="--peer")
     if args.peer and ":" not in args.peer:
         raise UserError(f"expected HOST:PORT, got {args.peer!r}", where="--peer")
+    out = check_output_file(args.out, where="--out")
+    samples_path = Path(args.samples) if args.samples else out.with_name(out.stem + ".samples.json")
+    if not args.analyze and not args.offline:
+        check_output_file(samples_path, where="--samples")
     reference = load_spec(args.reference, where="--reference") if args.reference else None
     base = _base_facts(args)
-    out = Path(args.out)
-    samples_path = Path(args.samples) if args.samples else out.with_name(out.stem + ".samples.json")
 
     measured, doc, an = None, None, None
     if args.analyze:

@@ -40,6 +40,8 @@ def run(args) -> int:
     size = parse_size(args.size, where="--size")
     if args.ranks is not None and args.ranks < 1:
         raise UserError(f"--ranks must be positive, got {args.ranks}")
+    if args.seed < 0:
+        raise UserError(f"must be 0 or more, got {args.seed}", where="--seed")
     report = run_program(args.file, ranks=args.ranks, size=size, dtype=args.dtype, op=args.op,
                          inplace=True if args.inplace else None, check=args.check, backend=args.backend,
                          seed=args.seed, timeout_ms=args.timeout_ms, tile_bytes=args.tile_bytes, root=args.root,

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from ..errors import UserError
-from ..fileio import write_json
+from ..fileio import check_output_dir, check_output_name, write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import SOLVERS
@@ -57,6 +56,10 @@ def run(args) -> int:
         raise UserError("must be 0 (no stall limit) or positive", where="--stall")
     if args.nodes is not None and args.nodes < 1:
         raise UserError("must be at least 1", where="--nodes")
+    if args.threads is not None and args.threads < 1:
+        raise UserError("must be at least 1", where="--threads")
+    if args.max_extra_hops is not None and args.max_extra_hops < 0:
+        raise UserError("must be 0 (minimal routes only) or more", where="--max-extra-hops")
     report = Reporter(quiet=args.quiet or args.json)
     sketch = load_sketch(args.sketch)
     if args.instances is not None and not 1 <= args.instances <= 32:
@@ -66,10 +69,10 @@ def run(args) -> int:
                             stall_s=args.stall,
                             max_memory_bytes=None if args.max_memory is None else parse_size(args.max_memory,
                                                                                            where="--max-memory"))
-    name = args.name or default_name(sketch, args.collective)
+    name = check_output_name(args.name or default_name(sketch, args.collective), suffix=".algo.json")
+    out = check_output_dir(args.output)
     algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,
                       options=opts, report=report, name=name)
-    out = Path(args.output)
     xml_path = None
     program = None
     if not args.no_xml:
