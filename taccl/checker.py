@@ -52,6 +52,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections import defaultdict
+from itertools import islice
 from dataclasses import dataclass, field
 
 from .errors import CheckFailed
@@ -289,6 +290,8 @@ def _aliases(coll: str, inplace: bool, rank: int, cf: int) -> dict[str, tuple[st
 _M64 = (1 << 64) - 1
 _COUNT_UNIT = 1 << 80
 GARBAGE = -1
+# the replay keeps a value and a last writer per buffer slot, about 32 bytes each: 2^27 slots are 4 GiB
+MAX_REPLAY_SLOTS = 1 << 27
 
 
 def _weight(rank: int, index: int) -> int:
@@ -369,7 +372,8 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
         elif g.id in seen:
             add(ERROR, "algo.ranks", f"rank {g.id} appears twice", rank=g.id, line=g.line, fatal=True)
         seen[g.id] = g
-    missing = [r for r in range(p.ngpus) if r not in seen]
+    # (lazily: a file may claim two billion ranks)
+    missing = list(islice((r for r in range(p.ngpus) if r not in seen), 11))
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         add(ERROR, "algo.ranks", f"no <gpu> for rank(s) {shown}: such a rank launches 0 thread blocks "
@@ -377,6 +381,13 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
     if p.ngpus > 1024:
         add(ERROR, "limit.nodes", f"ngpus={p.ngpus}: <algo> may have at most 1024 children")
 
+    slots = sum(max(g.i_chunks, p.nchunksperloop) + max(g.o_chunks, p.nchunksperloop) + max(g.s_chunks, 0)
+                for g in p.gpus)
+    if slots > MAX_REPLAY_SLOTS:
+        add(ERROR, "gpu.chunks", f"the ranks' buffers hold {slots:,} chunks in all (i_chunks, o_chunks, s_chunks, "
+                                 f"nchunksperloop): more than the {MAX_REPLAY_SLOTS:,} the proof can replay in memory "
+                                 f"(a 1024-rank AllGather has about a million)", fatal=True)
+        return
     cf = p.nchunksperloop // p.ngpus if p.ngpus else 0
     m_in = p.ngpus if coll in ("allgather", "gather") else 1
     m_out = p.ngpus if coll in ("reducescatter", "scatter") else 1

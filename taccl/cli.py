@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from . import __version__
@@ -45,6 +46,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"taccl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`taccl check --json F | head -c 1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush finds no pipe
+        return 141
 
 
 if __name__ == "__main__":

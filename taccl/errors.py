@@ -5,6 +5,8 @@ The CLI prints its message and exits with `exit_code`, never a traceback. Anythi
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 class TacclError(Exception):
     """Base class of every error the toolchain raises on purpose."""
@@ -27,6 +29,17 @@ class UserError(TacclError):
         if where:
             prefix += f"{where}: "
         super().__init__(prefix + message)
+
+
+@contextmanager
+def about_file(path):
+    """A `UserError` raised inside that names no file is raised again naming `path` (the input it is about)."""
+    try:
+        yield
+    except UserError as exc:
+        if exc.path:
+            raise
+        raise UserError(exc.message, path=str(path), where=exc.where) from None
 
 
 class CheckFailed(TacclError):

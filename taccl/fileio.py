@@ -34,6 +34,8 @@ def load_json(path):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"invalid JSON: {exc.msg}", path=str(path), where=f"line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise UserError("invalid input: JSON nested deeper than Python's parser follows", path=str(path)) from None
 
 
 def json_path(parts) -> str:

@@ -185,8 +185,11 @@ class Simulator:
         self.local_cost = []  # per step: copies of the data a local step costs (see _local_costs)
         self.nsend, self.nrecv = [], []
         self.where = []
+        # a step moves at most a whole buffer: a larger count is a broken file (which `taccl check` explains)
+        largest = {g.id: max(g.i_chunks, g.o_chunks, g.s_chunks, p.nchunksperloop) for g in p.gpus}
         for G, (r, tb) in enumerate(tbs):
             kinds, cnts, deps, hd, si, ri = [], [], [], [], [], []
+            cap = largest[r]
             ns = nr = 0
             for i, st in enumerate(tb.steps):
                 t = StepType(st.type)
@@ -198,6 +201,9 @@ class Simulator:
                 if t in (StepType.COPY, StepType.REDUCE):
                     k |= _LOCAL
                 kinds.append(k)
+                if not 0 <= st.cnt <= cap:
+                    raise UserError(f"rank {r} tb {tb.id} step {i}: cnt={st.cnt} chunks, where every buffer of rank "
+                                    f"{r} holds at most {cap} (taccl check shows what else is wrong)")
                 cnts.append(st.cnt)
                 if st.depid >= 0:
                     dg = gid.get((r, st.depid))

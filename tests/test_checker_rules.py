@@ -229,3 +229,19 @@ def test_report_serialises():
     rep = check_program(copy.deepcopy(ring_allgather()))
     d = rep.to_dict()
     assert d["ok"] and d["proven"] and d["collective"] == "allgather"
+
+
+def test_claims_of_billions_of_ranks_or_chunks_are_refused_without_allocating_them():
+    import resource
+    import time
+
+    huge_ranks = ring_allgather()
+    huge_ranks.ngpus = 2_000_000_000
+    huge_chunks = ring_allgather()
+    huge_chunks.gpus[1].o_chunks = 2_000_000_000
+    t0, rss0 = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ranks, chunks = check_program(huge_ranks), check_program(huge_chunks)
+    assert time.monotonic() - t0 < 5 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 200_000  # KiB
+    assert any("no <gpu> for rank(s) 4, 5, 6" in f.message for f in found(ranks, "algo.ranks"))
+    assert any("more than the 134,217,728 the proof can replay" in f.message for f in found(chunks, "gpu.chunks"))
+    assert not ranks.ok and not chunks.ok

@@ -293,6 +293,11 @@ BAD_CALLS = [
     (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", ""], ["--sizes", "at least one byte"]),
     (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", "0"], ["--sizes", "at least one byte"]),
     (["run", "{t}/ring.xml", "--seed", "-1"], ["--seed", "0 or more"]),
+    (["check", "{t}/ring.xml", "--max-steps", "-1"], ["--max-steps", "at least 1"]),
+    (["check", "{t}/ring.xml", "--tiles", "100000000"], ["--tiles", "at most 1024"]),
+    (["simulate", "{t}/cnt.xml", "-t", "ndv2"], ["{t}/cnt.xml", "cnt=1000000 chunks", "at most 8"]),
+    (["solve", "{t}/deep.json"], ["{t}/deep.json", "nested deeper"]),
+    (["batch", "{t}/binary.yaml", "-o", "{t}/out"], ["{t}/binary.yaml", "not UTF-8 text"]),
     (["run", "{t}/ring.xml", "--size", "64T"], ["of buffers, more than", "this machine's memory", "--size"]),
 ]
 
@@ -305,6 +310,9 @@ def test_bad_calls_get_one_clear_message_before_any_work(tmp_path, capsys, argv,
 
     (tmp_path / "afile").write_text("not a directory\n")
     write_program(build("ring", load_topology("ndv2", 1), "allgather"), tmp_path / "ring.xml")
+    (tmp_path / "cnt.xml").write_text((tmp_path / "ring.xml").read_text().replace('cnt="1"', 'cnt="1000000"'))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     rc = main([a.replace("{t}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err
@@ -327,3 +335,12 @@ def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, caps
     err = capsys.readouterr().err
     assert f"{bad}: the transfers' dependencies form a cycle" in err and "Traceback" not in err
     assert not (tmp_path / "cycle.xml").exists()
+
+
+def test_a_reader_that_goes_away_stops_the_output_quietly(tmp_path):
+    xml = tmp_path / "ring.xml"
+    assert main(["baseline", "ring", "-t", "ndv2", "-n", "2", "-o", str(xml), "-q"]) == 0
+    # a report larger than the pipe's 64 KiB buffer (about 80 KB), read one byte of
+    r = subprocess.run(f"{sys.executable} -m taccl.cli check --json {' '.join([str(xml)] * 50)} | head -c 1",
+                       shell=True, capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout == "[" and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr

@@ -126,6 +126,8 @@ def _parse(path: Path):
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"cannot read the SKU file: {exc.strerror}", path=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"not a SKU file: not UTF-8 text (byte {exc.start})", path=str(path)) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         doc = yaml.safe_load(text)

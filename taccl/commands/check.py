@@ -26,7 +26,8 @@ def register(subparsers) -> None:
                    help=f"XML nodes one rank's parser may store (default {MAX_NODES}, MAX_NODES of every runtime)")
     p.add_argument("--root", type=int, default=None, help="root rank for broadcast/reduce/gather/scatter "
                                                           "when the file names none (default 0)")
-    p.add_argument("--tiles", type=int, default=1, help="tile iterations replayed in the deadlock search")
+    p.add_argument("--tiles", type=int, default=1, help=f"tile iterations replayed in the deadlock search (1 to "
+                                                        f"{MAX_TILES}; default 1)")
     p.add_argument("--no-rendezvous", action="store_true", help="skip the unbuffered-send deadlock warning")
     p.add_argument("--quiet", "-q", action="store_true", help="print only errors and the summary")
     p.set_defaults(func=run)
@@ -41,7 +42,16 @@ def check_file(path: str, *, dialect=None, max_steps=None, max_nodes=MAX_NODES, 
     return parsed, report
 
 
+# a deadlock between tiles needs a FIFO's worth of calls in flight (8 at most): far fewer tiles show it
+MAX_TILES = 1024
+
+
 def run(args) -> int:
+    for flag, value, low, high in (("--max-steps", args.max_steps, 1, None), ("--max-nodes", args.max_nodes, 1, None),
+                                   ("--tiles", args.tiles, 1, MAX_TILES)):
+        if value is not None and (value < low or (high is not None and value > high)):
+            raise UserError(f"must be at least {low}" + (f" and at most {high}" if high else "") + f", got {value}",
+                            where=flag)
     worst = 0
     docs = []
     for path in args.files:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..algorithm import Algorithm
-from ..errors import UserError
+from ..errors import UserError, about_file
 from ..fileio import check_output_file, load_json
 from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
 from ..units import SIZE_HELP, parse_size
@@ -66,15 +66,11 @@ def run(args) -> int:
         topology = None  # its topology file is gone: fuse as the schedule says
     min_bytes = parse_size(args.min_bytes, where="--min-bytes")
     max_bytes = parse_size(args.max_bytes, where="--max-bytes")
-    try:
+    with about_file(args.algorithm):  # a bad transfer, or an algorithm that cannot fit
         program = lower(algo, instances=args.instances, proto=args.proto, min_bytes=min_bytes, max_bytes=max_bytes,
                         max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
                         topology=topology, fusion="none" if args.no_fusion else args.fusion,
                         block_steps=args.block_steps)
-    except UserError as exc:  # a bad transfer, or an algorithm that cannot fit: name the file it came from
-        if exc.path:
-            raise
-        raise UserError(exc.message, path=args.algorithm, where=exc.where) from None
     write_program(program, out, dialect=args.dialect)
     if not args.quiet:
         print(f"{out}: {program.collective} on {program.ngpus} ranks, {program.nchannels} channel(s), "

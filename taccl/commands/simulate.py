@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..bounds import lower_bound
-from ..errors import UserError
+from ..errors import UserError, about_file
 from ..simulator import SimOptions, Simulator
 from ..topology import Topology, load_spec
 from ..units import SIZE_HELP, format_size, parse_size_range
@@ -41,7 +41,8 @@ def run(args) -> int:
     program = read_program(args.file)
     topo = load_for(program, args.topology, args.nodes)
     sizes = parse_size_range(args.sizes)
-    sim = Simulator(program, topo, SimOptions(tiling=not args.no_tiling))
+    with about_file(args.file):  # a program the simulator cannot make sense of
+        sim = Simulator(program, topo, SimOptions(tiling=not args.no_tiling))
     rows = []
     coll = "reducescatter" if program.collective == "reduce_scatter" else program.collective
     for s, r in zip(sizes, sim.run_sizes(sizes)):
