@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 
-from .collectives import Collective
+from .collectives import Collective, canonical_name
 from .errors import UserError
 
-__all__ = ["min_transfers", "estimate_bytes", "machine_memory_bytes", "check_memory", "check_baseline_memory"]
+__all__ = ["min_transfers", "shape_min_transfers", "estimate_bytes", "machine_memory_bytes", "check_memory",
+           "check_shape_memory", "check_baseline_memory"]
 
 BASE_BYTES = 150 << 20  # the interpreter, numpy, HiGHS and the topology: a 2-GPU solve peaks near this
 BYTES_PER_TRANSFER = 5 << 9  # 2.5 KiB
@@ -62,20 +63,40 @@ def machine_memory_bytes() -> int | None:
         return None
 
 
+def shape_min_transfers(name: str, ranks: int, chunkup: int, form: str = "") -> int:
+    """`min_transfers` of the built-in collective `name` from its shape alone, before it is built (a built
+    collective holds every (chunk, rank) pair: gigabytes at 24,000 ranks); 0 for the rooted ones, whose
+    size grows only with the ranks."""
+    R, k = ranks, chunkup
+    per_chunk_pairs = R * k * (R - 1)  # AllGather: R*k chunks, each to R - 1 ranks; the others alike
+    return {"allgather": per_chunk_pairs, "alltoall": per_chunk_pairs, "reducescatter": per_chunk_pairs,
+            "allreduce": per_chunk_pairs if form == "one-shot" else 2 * per_chunk_pairs}.get(canonical_name(name), 0)
+
+
 def check_memory(coll: Collective, limit_bytes: int | None, *, path=None, source: str = "--max-memory") -> None:
     """Raise `UserError` when synthesizing `coll` needs more than `limit_bytes` (None: this machine's memory;
     `source` says where a given limit comes from)."""
+    _check_transfers(min_transfers(coll), f"{coll.name} on {coll.num_ranks} ranks in {coll.num_chunks} chunks",
+                     limit_bytes, path, source)
+
+
+def check_shape_memory(name: str, ranks: int, chunkup: int, limit_bytes: int | None, *, form: str = "", path=None,
+                       source: str = "--max-memory") -> None:
+    """`check_memory` for the built-in collective `name` before it is built (see `shape_min_transfers`)."""
+    _check_transfers(shape_min_transfers(name, ranks, chunkup, form),
+                     f"{canonical_name(name)} on {ranks} ranks at chunk-up {chunkup}", limit_bytes, path, source)
+
+
+def _check_transfers(transfers: int, what: str, limit_bytes: int | None, path, source: str) -> None:
     limit = limit_bytes
     if limit is None:
         limit, source = machine_memory_bytes(), "this machine's memory"
     if limit is None:
         return
-    transfers = min_transfers(coll)
     need = _bytes_for(transfers)
     if need > limit:
-        raise UserError(f"{coll.name} on {coll.num_ranks} ranks in {coll.num_chunks} chunks makes at least "
-                        f"{transfers:,} transfers: synthesizing, lowering and proving it needs at least "
-                        f"about {gib(need)} of memory, more than the {gib(limit)} of {source}. "
+        raise UserError(f"{what} makes at least {transfers:,} transfers: synthesizing, lowering and proving it "
+                        f"needs at least about {gib(need)} of memory, more than the {gib(limit)} of {source}. "
                         f"Use fewer nodes or a smaller input_chunkup, or a larger --max-memory on a machine "
                         f"that has it", path=path)
 

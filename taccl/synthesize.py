@@ -22,7 +22,7 @@ from pathlib import Path
 from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
 from .bounds import lower_bound, lower_bounds
-from .budget import check_memory
+from .budget import check_memory, check_shape_memory
 from .collectives import Collective, canonical_name, check_known, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
@@ -62,8 +62,11 @@ class SynthesisOptions:
     max_memory_source: str = "--max-memory"  # where that limit comes from, for the refusal
 
 
-def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None):
-    """Apply command-line overrides to a sketch; return (Topology, Collective, input_size_bytes)."""
+def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None,
+            max_memory_bytes: int | None = None, max_memory_source: str = "--max-memory"):
+    """Apply command-line overrides to a sketch; return (Topology, Collective, input_size_bytes). A built-in
+    collective too large to synthesize within `max_memory_bytes` (None: this machine's memory) is refused
+    before it is built."""
     topo_name = topology or sketch.topology
     if not topo_name:
         raise UserError("the sketch names no topology: add \"topology\" to it or pass --topology", path=sketch.path, where="$")
@@ -80,6 +83,8 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
             check_known(name, where="--collective")
         else:
             check_known(name, path=sketch.path, where="$.collective")
+        check_shape_memory(name, topo.num_ranks, sketch.chunkup, max_memory_bytes, form=sketch.allreduce_form,
+                           path=sketch.path, source=max_memory_source)
         coll = sketch_collective(sketch, name, topo)
     if input_size is not None:
         size = parse_size(input_size, where="--size")
@@ -239,7 +244,8 @@ def _adjacency(coll: Collective, merge_links: str):
 def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None,
                options: SynthesisOptions | None = None, report=SILENT, name: str | None = None) -> Algorithm:
     options = options or SynthesisOptions()
-    topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size)
+    topo, coll, size = resolve(sketch, topology=topology, nodes=nodes, collective=collective, input_size=input_size,
+                               max_memory_bytes=options.max_memory_bytes, max_memory_source=options.max_memory_source)
     check_memory(coll, options.max_memory_bytes, path=sketch.path, source=options.max_memory_source)
     run = _Run(sketch, options)
     stages = build_problems(sketch, topo, coll, size, proto=options.proto, instances=options.instances)

@@ -344,3 +344,19 @@ def test_a_reader_that_goes_away_stops_the_output_quietly(tmp_path):
     r = subprocess.run(f"{sys.executable} -m taccl.cli check --json {' '.join([str(xml)] * 50)} | head -c 1",
                        shell=True, capture_output=True, text=True, cwd=ROOT)
     assert r.stdout == "[" and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_a_collective_too_large_to_build_is_refused_from_its_shape(tmp_path, capsys):
+    from taccl.budget import min_transfers, shape_min_transfers
+    from taccl.collectives import make_collective
+
+    for name, form in (("allgather", ""), ("alltoall", ""), ("reducescatter", ""), ("allreduce", ""),
+                       ("allreduce", "one-shot"), ("broadcast", "")):
+        for R, k in ((2, 1), (5, 3), (8, 2)):
+            exact = min_transfers(make_collective(name, R, k, form=form))
+            assert shape_min_transfers(name, R, k, form) == (exact if name != "broadcast" else 0), (name, form, R, k)
+    # 24,000 ranks: the collective alone (576 M pairs) would not fit; refused before it is built, in 0.5 s
+    rc = main(["solve", SKETCH, "--nodes", "3000", "--max-memory", "8G", "-o", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "allgather on 24000 ranks at chunk-up 1 makes at least 575,976,000 transfers" in err
+    assert not (tmp_path / "out").exists()
