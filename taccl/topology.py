@@ -272,6 +272,12 @@ def _protocol_costs(doc: dict, path, where) -> tuple:
 # Source: `nvidia-smi topo -m` of DGX-1V (NV2/NV1 entries); the same wiring is used by the TACCL paper's NDv2.
 DGX1_DOUBLE = [(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)]
 DGX1_SINGLE = [(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)]
+# The reference TACCL implementation wires its NDv2 profiles otherwise (microsoft/taccl @ 426bd1e,
+# taccl/topologies/generic.py, ndv2()): the same sixteen GPU pairs, but node_betas_list[0] (the faster,
+# 23 us per 1 MB chunk in topo-ndv2-1MB.json) on these, node_betas_list[1] on the rest. A reference profile
+# is loaded onto this wiring, so that an algorithm for "the same" input is optimized for the same machine.
+TACCL_NDV2_FIRST = [(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)]
+TACCL_NDV2_SECOND = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
 
 
 def convert_reference_profile(doc: dict, *, path: str | None = None) -> dict:
@@ -299,8 +305,10 @@ def convert_reference_profile(doc: dict, *, path: str | None = None) -> dict:
     if gpn == 8 and len(betas) == 2:
         types["nvlink2"] = {"alpha_us": alpha, "bw_GBps": bw(betas[0])}
         types["nvlink1"] = {"alpha_us": alpha, "bw_GBps": bw(betas[1])}
-        out["links"] = [{"src": s, "dst": d, "type": "nvlink2"} for s, d in DGX1_DOUBLE] + \
-                       [{"src": s, "dst": d, "type": "nvlink1"} for s, d in DGX1_SINGLE]
+        out["links"] = [{"src": s, "dst": d, "type": "nvlink2"} for s, d in TACCL_NDV2_FIRST] + \
+                       [{"src": s, "dst": d, "type": "nvlink1"} for s, d in TACCL_NDV2_SECOND]
+        out["sources"].append("NVLink wiring: the reference's ndv2() (node_betas_list[0] on 0-1, 0-4, 1-3, 2-3, "
+                              "2-6, 4-5, 5-7, 6-7), not the DGX-1V nvidia-smi wiring of the built-in ndv2")
     elif len(betas) == 1:
         types["nvswitch"] = {"alpha_us": alpha, "bw_GBps": bw(betas[0])}
         out["switches"] = [{"name": "nvswitch", "gpus": list(range(gpn)), "type": "nvswitch"}]

@@ -132,9 +132,15 @@ def test_reference_profile_costs_scale_with_chunk_size():
 
     spec = load_spec(str(Path(__file__).resolve().parent / "data" / "reference-taccl" / "topo-ndv2-1MB.json"))
     topo = Topology(spec, 2)
-    link = topo.link(0, 3)  # a double NVLink: 23 us for a 1 MB chunk (2^20 bytes, as nccl-tests reads 1MB)
-    assert link.cost_us(1 << 20) == pytest.approx(0.3 + 23.0)
-    assert link.cost_us(1 << 19) == pytest.approx(0.3 + 11.5)
+    # wired as the reference's ndv2() wires it: its first beta (23 us for a 1 MB chunk, 2^20 bytes as nccl-tests
+    # reads 1MB) on 0-1, 0-4, 1-3, 2-3, 2-6, 4-5, 5-7, 6-7, the second (46 us) on the other NVLink pairs
+    first = {(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)}
+    second = {(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)}
+    for a, b in first | second:
+        beta = 23.0 if (a, b) in first else 46.0
+        assert topo.link(a, b).cost_us(1 << 20) == topo.link(b, a).cost_us(1 << 20) == pytest.approx(0.3 + beta)
+    assert sum(topo.link(a, b) is not None for a in range(8) for b in range(8) if a != b) == 32
+    assert topo.link(0, 1).cost_us(1 << 19) == pytest.approx(0.3 + 11.5)
     assert topo.link(0, 9).cost_us(1 << 20) == pytest.approx(2.6 + 105.0)
 
 
