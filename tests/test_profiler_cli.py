@@ -50,10 +50,30 @@ def test_offline_sources(tmp_path):
     (["--offline"], "--offline needs"),
     (["--probe", "/nonexistent/probe"], "does not exist"),
     (["--from-nvidia-smi", str(DATA / "nccl" / "azure-ndv2-topo.xml"), "--offline"], "not `nvidia-smi topo -m`"),
+    (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx1-v100-hybrid-cube-mesh.txt"), "--offline", "--nvlink-gbps",
+      "-5"], "--nvlink-gbps: must be a positive bandwidth"),
+    (["--analyze", "{negative}"], "$.measurements[0].samples: expected samples as a list of [bytes, microseconds] "
+                                  "pairs, both positive"),
 ])
 def test_bad_input_exit_2(argv, msg, tmp_path, capsys):
+    doc = json.loads((DATA / "samples-ndv2-quick.json").read_text())
+    for m in doc["measurements"]:
+        m["samples"] = [[b, -t] for b, t in m.get("samples", [])]  # a clock that ran backwards
+    (tmp_path / "negative.json").write_text(json.dumps(doc))
+    argv = [a.replace("{negative}", str(tmp_path / "negative.json")) for a in argv]
     assert main(["profile", "--out", str(tmp_path / "t.json")] + argv) == 2
     assert msg in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_samples_without_a_link_between_gpus_write_no_topology(tmp_path, capsys):
+    doc = json.loads((DATA / "samples-ndv2-quick.json").read_text())
+    for m in doc["measurements"]:
+        m.pop("samples", None)
+        m.pop("times_us", None)
+    (tmp_path / "empty.json").write_text(json.dumps(doc))
+    assert main(["profile", "--analyze", str(tmp_path / "empty.json"), "--out", str(tmp_path / "t.json")]) == 1
+    assert "no link between two GPUs was measured" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
 
 

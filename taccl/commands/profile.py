@@ -72,7 +72,7 @@ def run(args) -> int:
     from ..profiler.runner import find_probe, run_probes
     from ..profiler.samples import load_samples
     from ..profiler.writer import facts_from_analysis, merge_facts, to_topology
-    from ..topology import load_spec
+    from ..topology import load_spec, spec_from_dict
 
     rep = Reporter(quiet=args.quiet or args.json)
     if args.offline and not (args.from_nvidia_smi or args.from_nccl_xml):
@@ -81,6 +81,8 @@ def run(args) -> int:
         raise UserError("give --peer on one node and --listen on the other, not both", where="--peer")
     if args.peer and ":" not in args.peer:
         raise UserError(f"expected HOST:PORT, got {args.peer!r}", where="--peer")
+    if args.nvlink_gbps is not None and not args.nvlink_gbps > 0:
+        raise UserError(f"must be a positive bandwidth in GB/s, got {args.nvlink_gbps}", where="--nvlink-gbps")
     out = check_output_file(args.out, where="--out")
     samples_path = Path(args.samples) if args.samples else out.with_name(out.stem + ".samples.json")
     if not args.analyze and not args.offline:
@@ -109,20 +111,27 @@ def run(args) -> int:
         facts.name = args.name
     if facts.n_gpus < 1:
         reasons = "; ".join(f"{u['what']}: {u['reason']}" for u in facts.unmeasured) or "no GPU"
-        print(f"taccl profile: no topology written: no GPU was measured ({reasons}); "
-              f"the samples in {samples_path} say what was and was not measured", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"topology": None, "samples": str(samples_path), "unmeasured": facts.unmeasured}))
-        return 1
+        return _nothing_written(args, f"no GPU was measured ({reasons})", samples_path, facts.unmeasured)
     topo, ren = to_topology(facts, reference=reference, auto_reference=not args.no_reference)
+    if topo["gpus_per_node"] > 1 and not topo.get("links") and not topo.get("switches"):
+        return _nothing_written(args, "no link between two GPUs was measured", samples_path, facts.unmeasured)
+    spec_from_dict(topo, path=str(out))  # what the synthesizer would refuse is never written
     write_json(out, topo)
-    load_spec(str(out))  # what we wrote is what the synthesizer reads
     summary = _summary(topo, out, samples_path if doc is not None else None)
     if args.json:
         print(json.dumps(summary, indent=1))
     elif not args.quiet:
         _print_summary(summary)
     return 0
+
+
+def _nothing_written(args, why: str, samples_path, unmeasured) -> int:
+    """Exit 1 without a topology: the measurements cannot make one a synthesis could use."""
+    print(f"taccl profile: no topology written: {why}; the samples in {samples_path} say what was and was not "
+          f"measured", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"topology": None, "samples": str(samples_path), "unmeasured": unmeasured}))
+    return 1
 
 
 def _summary(topo, out, samples_path) -> dict:

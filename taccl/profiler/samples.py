@@ -41,8 +41,9 @@ def empty_samples() -> dict:
             "status": "partial", "errors": []}
 
 
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _positive(v) -> bool:
+    """A size or a time: a finite number above zero (a clock that ran backwards is a broken probe)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
 
 
 def check_samples(doc, *, path: str | None = None) -> dict:
@@ -80,13 +81,13 @@ def check_samples(doc, *, path: str | None = None) -> dict:
                                     where=f"{where}.{key}")
         samples = m.get("samples", [])
         if not isinstance(samples, list) or not all(
-                isinstance(s, list) and len(s) == 2 and _num(s[0]) and _num(s[1]) for s in samples):
-            raise UserError("expected samples as a list of [bytes, microseconds] pairs", path=path,
+                isinstance(s, list) and len(s) == 2 and _positive(s[0]) and _positive(s[1]) for s in samples):
+            raise UserError("expected samples as a list of [bytes, microseconds] pairs, both positive", path=path,
                             where=f"{where}.samples")
         times = m.get("times_us", [])
-        if not isinstance(times, list) or not all(_num(t) or (isinstance(t, list) and all(_num(u) for u in t))
+        if not isinstance(times, list) or not all(_positive(t) or (isinstance(t, list) and all(_positive(u) for u in t))
                                                   for t in times):
-            raise UserError("expected times_us as a list of numbers (or of lists of numbers)", path=path,
+            raise UserError("expected times_us as a list of positive numbers (or of lists of them)", path=path,
                             where=f"{where}.times_us")
     return out
 
