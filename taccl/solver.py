@@ -35,12 +35,14 @@ import math
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 import warnings
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
@@ -447,6 +449,7 @@ class _Progress:
         self.best: Optional[float] = None  # the best incumbent, and when it last improved
         self.best_time_s = 0.0
         self.stalled = False
+        self.interrupted = False  # Ctrl-C during the solve (see `ctrl_c_stops`)
 
     @property
     def wanted(self) -> bool:
@@ -455,7 +458,26 @@ class _Progress:
 
     @property
     def should_stop(self) -> bool:
-        return self.error is not None or self.stalled
+        return self.error is not None or self.stalled or self.interrupted
+
+    @contextmanager
+    def ctrl_c_stops(self):
+        """While a backend runs in native code, Python raises no KeyboardInterrupt until it returns (a MILP
+        at its time limit: minutes). Inside this, Ctrl-C only sets `interrupted`, which the backend's
+        interrupt callback reads to stop at its next check; `reraise` then raises the KeyboardInterrupt."""
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield  # only the main thread may take signals, and a caller's own handler stays in charge
+            return
+
+        def note(signum, frame):
+            self.interrupted = True
+
+        previous = signal.signal(signal.SIGINT, note)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def __call__(self, time_s, incumbent, bound) -> None:
         incumbent, bound = _finite(incumbent), _finite(bound)
@@ -477,6 +499,8 @@ class _Progress:
             self.error = exc
 
     def reraise(self) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
         if self.error is not None:
             raise self.error
 
@@ -616,10 +640,10 @@ class _HighsBackend(MilpBackend):
         if is_mip and model._start is not None:
             self._set_start(h, model._start)
         progress = _Progress(options)
-        if progress.wanted:
-            self._subscribe(h, progress)
+        self._subscribe(h, progress)
         self._use_threads(int(options.threads))
-        run_status = h.run()
+        with progress.ctrl_c_stops():
+            run_status = h.run()
         progress.reraise()
         ms = h.getModelStatus()
         info = h.getInfo()
@@ -685,28 +709,32 @@ class _HighsBackend(MilpBackend):
 
     @staticmethod
     def _subscribe(h, progress: _Progress) -> None:
-        """Hook MIP progress callbacks where this highspy has them; silently do nothing otherwise."""
-        improving = getattr(h, "cbMipImprovingSolution", None)
-        logging = getattr(h, "cbMipLogging", None)
-        interrupt = getattr(h, "cbMipInterrupt", None)
-        if improving is None or logging is None:
-            return
+        """Hook the MIP progress callbacks (when progress is wanted) and the interrupt checks of the MIP, simplex
+        and interior-point solvers (so that Ctrl-C stops any of them) where this highspy has them; silently
+        do nothing otherwise."""
+        def stop_when_asked(e) -> None:
+            if progress.should_stop:
+                e.interrupt()
 
         def fire(e) -> None:
             d = e.data_out
             progress(d.running_time, d.mip_primal_bound, d.mip_dual_bound)
 
-        def stop_when_asked(e) -> None:
-            d = e.data_out
-            progress(d.running_time, d.mip_primal_bound, d.mip_dual_bound)
-            if progress.should_stop:
-                e.interrupt()
+        def fire_and_stop(e) -> None:
+            fire(e)
+            stop_when_asked(e)
 
+        improving = getattr(h, "cbMipImprovingSolution", None)
+        logging = getattr(h, "cbMipLogging", None)
+        track = progress.wanted and improving is not None and logging is not None
         try:
-            improving.subscribe(fire)
-            logging.subscribe(fire)
-            if interrupt is not None:
-                interrupt.subscribe(stop_when_asked)
+            for name in ("cbSimplexInterrupt", "cbIpmInterrupt", "cbMipInterrupt"):
+                callback = getattr(h, name, None)
+                if callback is not None:
+                    callback.subscribe(fire_and_stop if track and name == "cbMipInterrupt" else stop_when_asked)
+            if track:
+                improving.subscribe(fire)
+                logging.subscribe(fire)
         except Exception:  # callbacks unsupported by this build
             return
 

@@ -360,3 +360,23 @@ def test_a_collective_too_large_to_build_is_refused_from_its_shape(tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and "allgather on 24000 ranks at chunk-up 1 makes at least 575,976,000 transfers" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_stops_a_running_milp_at_once(tmp_path):
+    # the contiguity MILP of this AllToAll runs to its time limit with --stall 0 (200 s); Ctrl-C after 4 s
+    # must stop HiGHS at its next interrupt check, exit 130 and write nothing
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "taccl.cli", "solve", str(ROOT / "sketches" / "ndv2-alltoall-sk-1.json"),
+                          "--stall", "0", "--time-limit", "200", "-o", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    text, _ = p.communicate(timeout=60)
+    assert p.returncode == 130 and time.monotonic() - t0 < 10, text
+    assert "contiguity: MILP" in text and "interrupted" in text and "Traceback" not in text
+    assert not out.exists()
