@@ -84,7 +84,8 @@ RULES = {
     "algo.window": "0 <= minBytes <= maxBytes (maxBytes 0 = unbounded)",
     "algo.selectable": "the program serves in-place or out-of-place calls (legacy: exactly one)",
     "algo.proto": "proto is Simple, LL or LL128",
-    "gpu.chunks": "i_chunks/o_chunks/s_chunks >= 0 and consistent with the collective (legacy runtime check)",
+    "gpu.chunks": "i_chunks/o_chunks/s_chunks >= 0 and consistent with the collective (legacy: exactly; "
+                  "executor: at most the buffer, a smaller count is a warning)",
     "limit.threadblocks": "thread blocks per rank within the runtime's maximum",
     "limit.coresidency": "thread blocks per rank at most the SM count (all blocks must be co-resident)",
     "limit.nodes": "stored XML nodes per rank <= 4096, children per node <= 1024",
@@ -360,7 +361,8 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
         add(ERROR, "algo.window", f"size window [{p.min_bytes}, {p.max_bytes}] is invalid (both >= 0, min <= max, "
                                   f"max 0 = unbounded)")
     if not p.inplace and not p.outofplace:
-        add(WARNING, "algo.selectable", "inplace=0 and outofplace=0: no call ever selects this program")
+        add(ERROR, "algo.selectable", "inplace=0 and outofplace=0: no call ever selects this program (the runtime "
+                                      "refuses it)")
     elif dialect == "legacy" and p.inplace and p.outofplace:
         add(ERROR, "algo.selectable", "the legacy runtime serves either in-place or out-of-place calls, not both")
 
@@ -397,12 +399,17 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
             if v < 0:
                 add(ERROR, "gpu.chunks", f"{name}={v} is negative", rank=r, line=g.line, fatal=True)
         if coll in POSTCONDITION_COLLECTIVES or coll == "custom":
-            if g.i_chunks > 0 and g.i_chunks * m_in != p.nchunksperloop:
-                add(ERROR, "gpu.chunks", f"i_chunks={g.i_chunks}: for {coll} with nchunksperloop={p.nchunksperloop} "
-                                         f"it must be {p.nchunksperloop // m_in} (or 0)", rank=r, line=g.line)
-            if g.o_chunks > 0 and g.o_chunks * m_out != p.nchunksperloop:
-                add(ERROR, "gpu.chunks", f"o_chunks={g.o_chunks}: for {coll} with nchunksperloop={p.nchunksperloop} "
-                                         f"it must be {p.nchunksperloop // m_out} (or 0)", rank=r, line=g.line)
+            for name, v, m in (("i_chunks", g.i_chunks, m_in), ("o_chunks", g.o_chunks, m_out)):
+                if v == 0 or v * m == p.nchunksperloop:
+                    continue
+                want = p.nchunksperloop // m
+                if dialect == "legacy" or v > want:  # the legacy loader checks; a larger one exceeds the buffer
+                    add(ERROR, "gpu.chunks", f"{name}={v}: for {coll} with nchunksperloop={p.nchunksperloop} it "
+                                             f"must be {want} (or 0)", rank=r, line=g.line)
+                else:  # the executor (and taccl's runtime) does not read it: only a legacy load would fail
+                    add(WARNING, "gpu.chunks", f"{name}={v}: for {coll} with nchunksperloop={p.nchunksperloop} the "
+                                               f"legacy runtime wants {want} (or 0); the executor ignores it",
+                        rank=r, line=g.line)
         ntb = len(g.threadblocks)
         if ntb > max_tbs:
             add(ERROR, "limit.threadblocks", f"{ntb} thread blocks, the {dialect} runtime allows {max_tbs}",

@@ -210,3 +210,27 @@ def test_runtime_sweep_checks_every_case(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime_sweep.py"), "--dtypes", "float33",
                           files[0]], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown dtype" in bad.stderr
+
+
+@pytest.mark.parametrize("inplace,outofplace,o_chunks,input_only,accepted", [
+    # an in-place AllReduce that names only its input buffer: the executor ignores o_chunks (legacy wants 0 or 8)
+    ("1", "0", "3", True, True),
+    ("1", "1", "5", False, False),  # out-of-place steps use o[5..7], which o_chunks=5 does not declare
+    ("1", "0", "9", True, False),   # past the output buffer
+    ("0", "0", "8", False, False),  # no call ever selects it
+])
+def test_check_and_run_accept_the_same_files(tmp_path, inplace, outofplace, o_chunks, input_only, accepted):
+    from taccl.cli import main
+
+    text = (DATA / "ring_allreduce_4.xml").read_text()  # 8 chunks a loop, in and out of place
+    assert 'inplace="1" outofplace="1"' in text and text.count('o_chunks="8"') == 4
+    text = text.replace('inplace="1" outofplace="1"', f'inplace="{inplace}" outofplace="{outofplace}"')
+    if input_only:  # in place, output chunk j is input chunk j
+        text = text.replace('srcbuf="o"', 'srcbuf="i"').replace('dstbuf="o"', 'dstbuf="i"')
+    path = tmp_path / "ar.xml"
+    path.write_text(text.replace('o_chunks="8"', f'o_chunks="{o_chunks}"', 1))
+    checked = main(["check", str(path), "-q"]) == 0
+    ran = _cli(path, "--size", "64K", "--check", *(["--inplace"] if inplace == "1" else [])).returncode == 0
+    assert checked == ran == accepted
+    if accepted:
+        assert main(["check", str(path), "-q", "--dialect", "legacy"]) != 0  # the legacy loader would refuse it
