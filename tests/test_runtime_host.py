@@ -234,3 +234,20 @@ def test_check_and_run_accept_the_same_files(tmp_path, inplace, outofplace, o_ch
     assert checked == ran == accepted
     if accepted:
         assert main(["check", str(path), "-q", "--dialect", "legacy"]) != 0  # the legacy loader would refuse it
+
+
+def test_baseline_and_lower_declare_in_place_where_proven(tmp_path):
+    from taccl.cli import main
+    from taccl.xmlio import read_program
+
+    ring, a2a = tmp_path / "ring.xml", tmp_path / "a2a.xml"
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "allreduce", "-o", str(ring), "-q"]) == 0
+    assert main(["baseline", "direct", "-t", "dgx2", "-c", "alltoall", "-o", str(a2a), "-q"]) == 0
+    assert read_program(str(ring)).inplace and not read_program(str(a2a)).inplace  # an AllToAll cannot be
+    r = _cli(ring, "--size", "64K", "--inplace", "--check")
+    assert r.returncode == 0 and "in-place" in r.stdout, r.stderr
+    assert main(["solve", str(ROOT / "sketches" / "ndv2-sk-1.json"), "-o", str(tmp_path), "--no-xml", "-q"]) == 0
+    lowered = tmp_path / "lowered.xml"
+    assert main(["lower", str(next(tmp_path.glob("*.algo.json"))), "-o", str(lowered), "-q"]) == 0
+    assert read_program(str(lowered)).inplace
+    assert _cli(lowered, "--size", "64K", "--inplace", "--check").returncode == 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..baselines import BASELINES, build
 from ..fileio import check_output_file
-from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
+from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, serve_inplace, write_program
 from ..topology import load_topology
 from ..xmlio import DIALECTS
 
@@ -34,8 +34,11 @@ def run(args) -> int:
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
                     max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec))
+    if args.dialect == "executor":  # (the legacy runtime serves one call kind per file)
+        serve_inplace(program)  # declared for in-place calls (DDP's AllReduce) only where proven so
     write_program(program, args.output, dialect=args.dialect)
     if not args.quiet:
         print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "
-              f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked")
+              f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked"
+              f"{' (in place too)' if program.inplace else ''}")
     return 0

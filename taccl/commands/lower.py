@@ -10,7 +10,8 @@ from pathlib import Path
 from ..algorithm import Algorithm
 from ..errors import UserError, about_file
 from ..fileio import check_output_file, load_json
-from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
+from ..lowering import (AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, serve_inplace,
+                        write_program)
 from ..units import SIZE_HELP, parse_size
 from ..xmlio import DIALECTS
 
@@ -71,8 +72,11 @@ def run(args) -> int:
                         max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
                         topology=topology, fusion="none" if args.no_fusion else args.fusion,
                         block_steps=args.block_steps)
+    if args.dialect == "executor":  # (the legacy runtime serves one call kind per file)
+        serve_inplace(program)  # declared for in-place calls (DDP's AllReduce) only where proven so
     write_program(program, out, dialect=args.dialect)
     if not args.quiet:
         print(f"{out}: {program.collective} on {program.ngpus} ranks, {program.nchannels} channel(s), "
-              f"{program.max_threadblocks} thread block(s) per rank at most, {program.nsteps} steps; checked")
+              f"{program.max_threadblocks} thread block(s) per rank at most, {program.nsteps} steps; checked"
+              f"{' (in place too)' if program.inplace else ''}")
     return 0
