@@ -43,6 +43,7 @@ from .dsl import DSLProgram
 from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
 from .program import MAX_NODES, Program
+from .targets import get_target
 
 __all__ = ["BASELINES", "build", "build_protocols", "build_dsl", "build_on_channels", "applicable", "ring_order", "node_cycle"]
 
@@ -437,13 +438,14 @@ REFERENCE_MAX_NODES = 16 * MAX_NODES
 
 def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instances: int = 1,
           proto: str = "Simple", max_tbs: int = 108, reference: bool = False, max_memory_bytes: int | None = None,
-          max_memory_source: str = "--max-memory") -> Program:
-    """A baseline as a proven Program (see the module docstring); ``reference`` lifts the executor's limits
-    of 64 steps per thread block and 4096 XML nodes per rank (see `REFERENCE_MAX_STEPS`). One that would
-    need more memory than ``max_memory_bytes`` (None: this machine's) is refused before it is traced."""
+          max_memory_source: str = "--max-memory", target: str = "msccl-executor") -> Program:
+    """A baseline as a proven Program (see the module docstring) for the runtime `target` (`taccl.targets`);
+    ``reference`` lifts the executor's limits of 64 steps per thread block and 4096 XML nodes per rank (see
+    `REFERENCE_MAX_STEPS`). One that would need more memory than ``max_memory_bytes`` (None: this machine's)
+    is refused before it is traced."""
     program = build_protocols(name, topology, collective_name, [proto], chunkup=chunkup, instances=instances,
                               max_tbs=max_tbs, reference=reference, max_memory_bytes=max_memory_bytes,
-                              max_memory_source=max_memory_source)[proto]
+                              max_memory_source=max_memory_source, target=target)[proto]
     if isinstance(program, UserError):
         raise program
     return program
@@ -451,7 +453,8 @@ def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instan
 
 def build_protocols(name: str, topology, collective_name: str, protocols, *, chunkup: int = 1,
                     instances: int = 1, max_tbs: int = 108, reference: bool = False,
-                    max_memory_bytes: int | None = None, max_memory_source: str = "--max-memory") -> dict:
+                    max_memory_bytes: int | None = None, max_memory_source: str = "--max-memory",
+                    target: str = "msccl-executor") -> dict:
     """`build` for each of `protocols`: {protocol: Program, or the UserError its lowering raised}, traced
     once and lowered once where the protocol changes nothing (`DSLProgram.lower_protocols`)."""
     from .budget import check_baseline_memory
@@ -460,7 +463,11 @@ def build_protocols(name: str, topology, collective_name: str, protocols, *, chu
     channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels)
     limits = dict(max_steps=REFERENCE_MAX_STEPS, max_nodes=REFERENCE_MAX_NODES) if reference else {}
-    return prog.lower_protocols(protocols, instances=instances, max_tbs=max_tbs, **limits)
+    runtime = get_target(target)
+    if runtime.max_tbs is not None:
+        max_tbs = min(max_tbs, runtime.max_tbs)
+    return prog.lower_protocols(protocols, instances=instances, max_tbs=max_tbs, fuse=runtime.fused_steps,
+                                fused_receives=runtime.fused_steps, **limits)
 
 
 def build_on_channels(name: str, topology, collective_name: str, channels: int, *, proto: str = "Simple",

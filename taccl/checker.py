@@ -83,6 +83,8 @@ RULES = {
     "algo.collective": "coll is a collective the target runtime knows",
     "algo.window": "0 <= minBytes <= maxBytes (maxBytes 0 = unbounded)",
     "algo.selectable": "the program serves in-place or out-of-place calls (legacy: exactly one)",
+    "target": "what the target runtime refuses beyond its dialect (taccl.targets; RCCL: fused steps, more than "
+              "64 thread blocks a rank)",
     "algo.proto": "proto is Simple, LL or LL128",
     "gpu.chunks": "i_chunks/o_chunks/s_chunks >= 0 and consistent with the collective (legacy: exactly; "
                   "executor: at most the buffer, a smaller count is a warning)",
@@ -1214,7 +1216,7 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
 def check_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None,
                   max_threadblocks: int | None = None, max_nodes: int = MAX_NODES, sm_count: int = 132,
                   root: int | None = None, tiles: int = 1, rendezvous: bool = True,
-                  max_findings_per_rule: int = 20) -> CheckReport:
+                  max_findings_per_rule: int = 20, target=None) -> CheckReport:
     """Check every rule, deadlock and race freedom, and the declared collective's postcondition.
 
     Parameters
@@ -1229,6 +1231,7 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
     tiles : tile iterations to replay in the deadlock search (the runtime replays the program per tile).
     rendezvous : also search for deadlocks with unbuffered sends (warnings only).
     max_findings_per_rule : findings kept per rule; the rest are counted in ``report.suppressed``.
+    target : a `taccl.targets.Target` (or its name): also what that runtime refuses beyond its dialect.
     """
     if dialect not in ("executor", "legacy"):
         raise ValueError(f"unknown dialect {dialect!r}")
@@ -1243,6 +1246,12 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
     if coll in ("broadcast", "reduce", "gather", "scatter") and not 0 <= root < max(program.ngpus, 1):
         ctx.add(ERROR, "algo.ranks", f"root {root} is not a rank", fatal=True)
     _check_rules(ctx, dialect, max_steps, max_threadblocks, sm_count, coll, max_nodes)
+    if target is not None:
+        from .targets import get_target, target_problems
+
+        target = get_target(target) if isinstance(target, str) else target
+        for rank, message in target_problems(program, target):
+            ctx.add(ERROR, "target", message, rank=rank)
     report.stats = {"ranks": len(program.gpus), "threadblocks": sum(len(g.threadblocks) for g in program.gpus),
                     "steps": program.nsteps}
     ix = None

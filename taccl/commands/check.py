@@ -10,6 +10,7 @@ import sys
 from ..checker import check_program
 from ..errors import UserError
 from ..program import MAX_NODES
+from ..targets import TARGETS, get_target
 from ..xmlio import DIALECTS, read_xml
 
 
@@ -20,6 +21,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON report per file (a list)")
     p.add_argument("--dialect", choices=DIALECTS, default=None,
                    help="read and check for this runtime (default: detect; 'outofplace' present = executor)")
+    p.add_argument("--target", choices=sorted(TARGETS), default=None,
+                   help="also refuse what this runtime refuses beyond its dialect (rccl: fused steps, more than 64 "
+                        "thread blocks a rank); reads the target's dialect")
     p.add_argument("--max-steps", type=int, default=None, help="steps per tb allowed (default: 64 executor, "
                                                                 "256 legacy)")
     p.add_argument("--max-nodes", type=int, default=MAX_NODES,
@@ -34,11 +38,13 @@ def register(subparsers) -> None:
 
 
 def check_file(path: str, *, dialect=None, max_steps=None, max_nodes=MAX_NODES, root=None, tiles=1,
-               rendezvous=True):
+               rendezvous=True, target=None):
     """Read and check one file: (ParseResult, CheckReport). Raises UserError when unreadable."""
+    if target is not None:
+        dialect = get_target(target).dialect
     parsed = read_xml(path, dialect=dialect)
     report = check_program(parsed.program, dialect=parsed.dialect, max_steps=max_steps, max_nodes=max_nodes,
-                           root=root, tiles=tiles, rendezvous=rendezvous)
+                           root=root, tiles=tiles, rendezvous=rendezvous, target=target)
     return parsed, report
 
 
@@ -52,13 +58,16 @@ def run(args) -> int:
         if value is not None and (value < low or (high is not None and value > high)):
             raise UserError(f"must be at least {low}" + (f" and at most {high}" if high else "") + f", got {value}",
                             where=flag)
+    if args.target and args.dialect and args.dialect != get_target(args.target).dialect:
+        raise UserError(f"target {args.target} reads the {get_target(args.target).dialect} dialect, not "
+                        f"{args.dialect}", where="--dialect")
     worst = 0
     docs = []
     for path in args.files:
         try:
             parsed, report = check_file(path, dialect=args.dialect, max_steps=args.max_steps,
                                         max_nodes=args.max_nodes, root=args.root, tiles=args.tiles,
-                                        rendezvous=not args.no_rendezvous)
+                                        rendezvous=not args.no_rendezvous, target=args.target)
         except UserError as exc:
             if len(args.files) == 1 and not args.json:
                 raise

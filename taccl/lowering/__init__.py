@@ -31,13 +31,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from ..errors import CheckFailed, UserError
-from ..program import MAX_NODES, Program, Proto
+from ..program import MAX_NODES, Buf, Program, Proto
 from ..progress import SILENT
+from ..targets import get_target
 from .buffers import CONVERGE_MODES, algorithm_ops
 from .emit import MAX_DEPID, check_limits, compact_scratch, emit
 from .fusion import fuse
 from .instructions import generate
-from .ops import ChunkOp
+from .ops import COPY, REDUCE, ChunkOp
 from .schedule import ChannelsFull, OrderFailed, allocate
 
 __all__ = ["lower", "lower_ops", "lower_ops_protocols", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
@@ -68,6 +69,9 @@ class LoweringOptions:
     block_steps: int | None = None
     max_nodes: int = MAX_NODES  # XML nodes a rank's parser stores (a custom runtime build may allow more)
     fuse: bool = True
+    # False for a runtime that runs no fused step (RCCL, `taccl.targets`): no fusion, and a remote reduction
+    # lands in scratch and is added by a local step instead of one rrc
+    fused_receives: bool = True
     keep_schedule: bool = True  # fuse only where the solver's schedule is kept (fusion._serial_pairs)
     network_fan_out: int = 0  # GPUs per node: fuse a fan-out's first send that leaves the node (0: never)
     flag_us: float = 0.0  # the runtime's dependency latency between thread blocks (0: unknown)
@@ -122,7 +126,8 @@ def _fusion_policy(name: str, topology) -> dict:
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None,
-          fusion: str = "auto", block_steps: int | None = None, report=SILENT) -> Program:
+          fusion: str = "auto", block_steps: int | None = None, target: str = "msccl-executor",
+          report=SILENT) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
     `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
@@ -158,6 +163,10 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     chunk into more, smaller steps, or one instance at 64), and tie or lose at 16 MiB. Given (or by the
     sketch: `Algorithm.block_steps`), it applies to every candidate "auto" ranks.
 
+    `target` (`taccl.targets`) is the runtime the program is for: for RCCL, which runs no fused step, every
+    receive is a plain one (a partial sum lands in scratch and a local step adds it) and a rank has at most
+    64 thread blocks.
+
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     Progress (each policy lowered, the ranking, the proof) goes to `report`.
@@ -166,6 +175,13 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
         block_steps = algorithm.block_steps  # the sketch's, if it gives one
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
               fuse=fuse, check=check, name=name, block_steps=block_steps)
+    runtime = get_target(target)
+    if runtime.max_tbs is not None:
+        kw["max_tbs"] = min(max_tbs, runtime.max_tbs)
+    if not runtime.fused_steps:
+        if fusion not in ("auto", "none") or keep_schedule is not None:
+            raise UserError(f"target {target} runs no fused step: lower it with fusion 'none' (the default for it)")
+        return _lower_one(algorithm, **{**kw, "keep_schedule": True, "fuse": False, "fused_receives": False})[0]
     if fusion != "auto":
         if fusion not in FUSION_POLICIES:
             raise UserError(f"unknown fusion policy {fusion!r}; expected one of {', '.join(FUSION_POLICIES)}")
@@ -273,7 +289,7 @@ def _ranked(candidates: dict, topology, size: int) -> tuple:
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
                keep_schedule, network_fan_out=0, flag_us=0.0, converges=None,
-               block_steps=None) -> tuple:
+               block_steps=None, fused_receives=True) -> tuple:
     """(the program, how its converging reductions land (`CONVERGE_MODES`), its instances)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
@@ -292,7 +308,7 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
             opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
                                    max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule,
                                    network_fan_out=network_fan_out, flag_us=flag_us, check=check,
-                                   block_steps=block_steps)
+                                   block_steps=block_steps, fused_receives=fused_receives)
             opts.validate()
             ops = algorithm_ops(algorithm, coll, single=n > 1, converge=converge)
             try:
@@ -354,6 +370,8 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
     if N > 1 and any(op.cnt > 1 for op in ops):
         ops = _split_ops(ops)
     ops = _cap_cnt(ops)
+    if not opts.fused_receives:
+        ops = _receive_then_reduce(ops)
     # a block others wait on needs an id <= 127 (int8): past 128 blocks that cannot hold for every target
     per_instance_tbs = max(1, min(opts.max_tbs, MAX_DEPID + 1) // N)
     # a block has one send peer and one receive peer: a rank with more peers on one side than the blocks
@@ -365,7 +383,7 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
                         f"{opts.max_tbs} (--max-tbs, the SMs that must hold every block at once)")
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
     # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
-    modes = ["natural", "safe", None] if opts.fuse else [None]
+    modes = ["natural", "safe", None] if opts.fuse and opts.fused_receives else [None]
     if opts.fuse and opts.network_fan_out:
         modes.remove(None)  # without fusion there is no fan-out to fuse: that program is the fuse=False one
     attempts = [(m, cap, False) for m in modes for cap in _step_caps(opts.block_steps or opts.max_steps)]
@@ -532,6 +550,31 @@ def _split_ops(ops):
     return out
 
 
+def _receive_then_reduce(ops):
+    """Every remote reduce as a receive into fresh scratch slots of the destination rank and a local reduce
+    from there (for runtimes without rrc). The two keep the op's place in key order."""
+    top = defaultdict(int)  # the first scratch slot no op uses, per rank
+    for op in ops:
+        places = [(op.src_rank, op.src_buf, op.src_off), (op.dst_rank, op.dst_buf, op.dst_off)]
+        if op.operand is not None:
+            places.append((op.dst_rank, *op.operand))
+        for rank, buf, off in places:
+            if buf is Buf.SCRATCH:
+                top[rank] = max(top[rank], off + op.cnt)
+    out = []
+    for op in ops:
+        if not (op.remote and op.kind == REDUCE):
+            out.append(op)
+            continue
+        at = top[op.dst_rank]
+        top[op.dst_rank] += op.cnt
+        out.append(ChunkOp(COPY, op.src_rank, op.src_buf, op.src_off, op.dst_rank, Buf.SCRATCH, at, op.cnt, None,
+                           op.ch, op.key + (0,), op.origin, op.span, op.after))
+        out.append(ChunkOp(REDUCE, op.dst_rank, Buf.SCRATCH, at, op.dst_rank, op.dst_buf, op.dst_off, op.cnt,
+                           op.operand, None, op.key + (1,), op.origin))
+    return out
+
+
 def _cap_cnt(ops):
     from .ops import MAX_CNT
 
@@ -588,14 +631,23 @@ def serve_inplace(program: Program) -> bool:
     return program.inplace
 
 
-def write_program(program: Program, path, dialect: str = "executor"):
+def write_program(program: Program, path, dialect: str = "executor", target: str | None = None):
     """Check the program and write it atomically; raise `CheckFailed` (with the findings) otherwise.
+    With a `target` (`taccl.targets`), in its dialect, and refused if that runtime would refuse it.
 
     The check is skipped only for a program whose exact content this process has already proven.
     """
     from ..fileio import atomic_write
+    from ..targets import target_problems
     from ..xmlio import program_to_xml
 
+    if target is not None:
+        runtime = get_target(target)
+        dialect = runtime.dialect
+        problems = target_problems(program, runtime)
+        if problems:
+            raise CheckFailed(f"{path}: not written, {target} would refuse it: " +
+                              "; ".join(f"rank {r}: {m}" for r, m in problems[:5]))
     text = program_to_xml(program, dialect=dialect)  # serialized once: fingerprinted, then written
     if not (dialect == "executor" and _PROVEN.get(_fingerprint(program, text))):
         report = verify_program(program, dialect=dialect)
