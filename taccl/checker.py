@@ -104,6 +104,8 @@ RULES = {
     "step.cnt": "1 <= cnt <= 71 for real steps (0 <= cnt for nop)",
     "step.offset": "the slots a step uses lie inside the declared buffer",
     "step.peer": "send-type steps need a send peer, receive-type steps a recv peer",
+    "step.overlap": "a step's source and destination chunks are the same or disjoint (in-place aliases included): "
+                    "the GPU moves a step's elements in parallel",
     "dep.pair": "depid and deps are both -1 or both >= 0",
     "dep.target": "a dependency names an existing step of another tb on the same rank",
     "dep.hasdep": "a step some other step depends on has hasdep=1",
@@ -477,6 +479,21 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
                 add(ERROR, "limit.channel-tbs", f"{n} receiving thread blocks on channel {chan} (max 32)", rank=r)
 
 
+def _check_overlap(ctx: _Ctx, g, st, t, loc, coll) -> None:
+    """Source and destination of one step either the same chunks or disjoint, with the in-place aliases when
+    the program serves in-place calls (as the runtime's loader checks): the CUDA backend moves a step's
+    elements in parallel, so a shifted overlap would read elements another thread already overwrote."""
+    p = ctx.p
+    al = _aliases(coll, p.inplace, g.id, _cf(coll, p.ngpus, p.nchunksperloop))
+    (sb, so), (db, do) = al[Buf(st.srcbuf).value], al[Buf(st.dstbuf).value]
+    src, dst = so + st.srcoff, do + st.dstoff
+    if sb == db and src != dst and abs(src - dst) < st.cnt:
+        how = " (in-place aliasing)" if st.srcbuf != st.dstbuf else ""
+        ctx.add(ERROR, "step.overlap", f"{t} reads {Buf(st.srcbuf)}[{st.srcoff}..{st.srcoff + st.cnt - 1}] and writes "
+                                       f"{Buf(st.dstbuf)}[{st.dstoff}..{st.dstoff + st.cnt - 1}]{how}: the ranges "
+                                       f"overlap without being the same chunks", **loc)
+
+
 def _check_steps(ctx: _Ctx, g, tb, tb_ids, coll) -> None:
     add = ctx.add
     r = g.id
@@ -511,6 +528,8 @@ def _check_steps(ctx: _Ctx, g, tb, tb_ids, coll) -> None:
                 if off < 0 or off + max(st.cnt, 1) > size:
                     add(ERROR, "step.offset", f"{t} uses {buf}[{off}..{off + st.cnt - 1}] but {buf} has {size} "
                                               f"chunk(s) on this rank", **loc, fatal=True)
+        if t.uses_src and t.uses_dst:
+            _check_overlap(ctx, g, st, t, loc, coll)
         if t.is_send_type:
             uses_send = True
             if tb.send < 0:

@@ -50,7 +50,8 @@ class _ProgramInfo(ctypes.Structure):
     _fields_ = [("path", ctypes.c_char_p), ("name", ctypes.c_char_p), ("coll", ctypes.c_int),
                 ("proto", ctypes.c_int), ("ngpus", ctypes.c_int), ("nchannels", ctypes.c_int),
                 ("nchunksperloop", ctypes.c_int), ("inplace", ctypes.c_int), ("outofplace", ctypes.c_int),
-                ("minBytes", ctypes.c_int64), ("maxBytes", ctypes.c_int64), ("maxThreadBlocks", ctypes.c_int)]
+                ("minBytes", ctypes.c_int64), ("maxBytes", ctypes.c_int64), ("maxThreadBlocks", ctypes.c_int),
+                ("receives", ctypes.c_int), ("directReceives", ctypes.c_int)]
 
 
 class _RunResult(ctypes.Structure):
@@ -115,6 +116,8 @@ class ProgramInfo:
     min_bytes: int
     max_bytes: int
     max_thread_blocks: int
+    receives: int = 0         # receiving steps, all ranks
+    direct_receives: int = 0  # of which the sender writes straight into the destination
 
 
 @dataclass
@@ -136,7 +139,7 @@ class Runtime:
     """
 
     def __init__(self, *, backend: str = "host", timeout_ms: int | None = None, tile_bytes: int | None = None,
-                 analysis: bool = True):
+                 analysis: bool = True, direct: bool | None = None):
         if backend not in ("host", "cuda"):
             raise UserError(f"unknown backend {backend!r} (host or cuda)")
         self._cuda = backend == "cuda"
@@ -151,6 +154,8 @@ class Runtime:
         if tile_bytes is not None:
             self._option("tile_bytes", int(tile_bytes))
         self._option("analysis", 1 if analysis else 0)
+        if direct is not None:  # None: the library's default (on, unless TACCL_RUNTIME_DIRECT=0)
+            self._option("direct", 1 if direct else 0)
 
     def close(self):
         if self._h:
@@ -197,7 +202,7 @@ class Runtime:
             raise UserError(f"no program with index {index}")
         return ProgramInfo(i.path.decode(), i.name.decode(), COLLS[i.coll], ["Simple", "LL", "LL128"][i.proto],
                            i.ngpus, i.nchannels, i.nchunksperloop, bool(i.inplace), bool(i.outofplace),
-                           i.minBytes, i.maxBytes, i.maxThreadBlocks)
+                           i.minBytes, i.maxBytes, i.maxThreadBlocks, i.receives, i.directReceives)
 
     def select(self, coll: str, nranks: int, count: int, dtype: str, inplace: bool) -> int:
         idx = ctypes.c_int(-1)

@@ -46,6 +46,7 @@ PROGRAMS = [
     (DATA / "direct_allreduce_3.xml", [3 * 19]),
     (DATA / "chain_broadcast_4.xml", [4 * 13]),
     (DATA / "chain_reduce_4.xml", [2 * 77]),
+    (DATA / "swap_alltoall_inplace_2.xml", [2 * 40, 2 * 999]),
 ]
 TYPES = ["int8", "uint32", "int64", "float16", "bfloat16", "float32", "float64"]
 
@@ -251,3 +252,73 @@ def test_baseline_and_lower_declare_in_place_where_proven(tmp_path):
     assert main(["lower", str(next(tmp_path.glob("*.algo.json"))), "-o", str(lowered), "-q"]) == 0
     assert read_program(str(lowered)).inplace
     assert _cli(lowered, "--size", "64K", "--inplace", "--check").returncode == 0
+
+
+def test_direct_transfers_only_where_proven_safe():
+    """The loader lets a send write straight into its receiver's buffer where every other access of the
+    receiving rank to those chunks is ordered before the send or after the receive. The swap fixture's
+    receive overwrites chunks that its rank's other block still has to send, ordered by a local dependency
+    only: a direct write there would send the peer its own data back (a loader without the check fails
+    every run of the loop below)."""
+    runtime = rt_mod()
+    expect = {"ring_allgather_8.xml": (56, 56), "ring_allreduce_4.xml": (24, 48), "ring_reducescatter_4.xml": (0, 12),
+              "direct_allreduce_4.xml": (24, 24), "swap_alltoall_inplace_2.xml": (0, 2)}
+    for name, (direct, receives) in expect.items():
+        with runtime.Runtime() as rt:
+            info = rt.info(rt.load(DATA / name))
+            assert (info.direct_receives, info.receives) == (direct, receives), name
+    # every tile of the swap is its own chance for a direct write to overtake the read
+    with runtime.Runtime(tile_bytes=256) as rt:
+        idx = rt.load(DATA / "swap_alltoall_inplace_2.xml")
+        for seed in range(20):
+            inputs = runtime.make_inputs("alltoall", "float32", "sum", 2, 1 << 12, seed)
+            out = rt.run_raw("alltoall", "float32", "sum", inputs, inplace=True, program=idx)
+            ref = runtime.reference("alltoall", "float32", "sum", inputs)
+            assert all(np.array_equal(out.outputs[r], ref[r]) for r in range(2)), seed
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_direct_and_fifo_transfers_agree(direct):
+    runtime = rt_mod()
+    for name, elems in (("ring_allgather_8.xml", 8 * 1001), ("ring_allreduce_8.xml", 32 * 77),
+                        ("direct_allreduce_4.xml", 4 * 513), ("chain_broadcast_4.xml", 4 * 300)):
+        with runtime.Runtime(tile_bytes=512, direct=direct) as rt:
+            idx = rt.load(DATA / name)
+            info = rt.info(idx)
+            mult = info.ngpus if info.coll in ("allgather", "reducescatter", "alltoall") else 1
+            for inplace in (False, True):
+                inputs = runtime.make_inputs(info.coll, "int32", "sum", info.ngpus, elems // mult, seed=5)
+                out = rt.run_raw(info.coll, "int32", "sum", inputs, inplace=inplace, program=idx)
+                assert out.status == "done", out.message
+                ref = runtime.reference(info.coll, "int32", "sum", inputs)
+                assert all(ref[r] is None or np.array_equal(out.outputs[r], ref[r]) for r in range(info.ngpus))
+
+
+@pytest.mark.parametrize("inplace,src,dst,refused", [
+    ("0", "s", "s", True),    # s[0..1] -> s[1..2] in one buffer
+    ("1", "i", "o", True),    # in place, o is i: i[0..1] -> i[1..2]
+    ("0", "i", "o", False),   # out of place: two buffers
+])
+def test_overlapping_step_refused_by_runtime_and_checker(tmp_path, inplace, src, dst, refused):
+    """A step whose source and destination overlap without being the same chunks races on the GPU, whose
+    threads move the elements in parallel; the loader and `taccl check` both refuse it."""
+    from taccl.cli import main
+
+    path = tmp_path / "overlap.xml"
+    path.write_text(
+        f'<algo name="overlap" proto="Simple" nchannels="1" nchunksperloop="3" ngpus="1" coll="allreduce" '
+        f'inplace="{inplace}" outofplace="{1 - int(inplace)}" minBytes="0" maxBytes="0">\n'
+        f'  <gpu id="0" i_chunks="3" o_chunks="3" s_chunks="3">\n    <tb id="0" send="-1" recv="-1" chan="0">\n'
+        f'      <step s="0" type="cpy" srcbuf="i" srcoff="0" dstbuf="{src}" dstoff="0" cnt="3" depid="-1" deps="-1" '
+        f'hasdep="0"/>\n'
+        f'      <step s="1" type="cpy" srcbuf="{src}" srcoff="0" dstbuf="{dst}" dstoff="1" cnt="2" depid="-1" '
+        f'deps="-1" hasdep="0"/>\n'
+        f'      <step s="2" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="3" depid="-1" deps="-1" '
+        f'hasdep="0"/>\n    </tb>\n  </gpu>\n</algo>\n')
+    r = _cli(path, "--size", "1020", "--check", *(["--inplace"] if inplace == "1" else []))
+    if refused:
+        assert r.returncode == 2 and "overlap" in r.stderr, r.stderr
+        assert main(["check", str(path), "-q"]) != 0
+    else:
+        assert r.returncode == 0, r.stderr
+        assert main(["check", str(path), "-q"]) == 0

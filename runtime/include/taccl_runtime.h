@@ -62,6 +62,8 @@ typedef struct {
   int64_t minBytes;
   int64_t maxBytes;   /* 0: unbounded; otherwise inclusive */
   int maxThreadBlocks;/* largest tb count on one rank */
+  int receives;       /* receiving steps, all ranks */
+  int directReceives; /* of which the sender writes straight into the destination (option "direct") */
 } tacclProgramInfo;
 
 typedef struct {
@@ -85,6 +87,10 @@ const char* tacclLastError(const tacclRuntime* h);
  *   "timeout_ms"   watchdog: abort after this long without progress (default 10000; env TACCL_RUNTIME_TIMEOUT_MS)
  *   "tile_bytes"   override the protocol tile size C in bytes, 0 = protocol default (env TACCL_RUNTIME_TILE_BYTES)
  *   "analysis"     1 (default): refuse programs with a dependency cycle or a data race at load time; 0: skip
+ *                  (and with it the direct transfers, which the same analysis proves safe)
+ *   "direct"       1 (default): a send writes straight into its receiver's buffer where the load-time analysis
+ *                  proved it safe (not with the CUDA backend's LL lines); 0: every transfer through the FIFO
+ *                  (env TACCL_RUNTIME_DIRECT)
  *   "cuda_devices" number of GPUs to spread ranks over, 0 = all visible (ranks map to GPU rank % n) */
 tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value);
 

@@ -68,6 +68,8 @@ tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value) {
       h->rt.tileBytes = value;
     } else if (n == "analysis") {
       h->rt.analysis = value != 0;
+    } else if (n == "direct") {
+      h->rt.run.direct = value != 0;
     } else if (n == "cuda_devices") {
       if (value < 0) return setError(h, "cuda_devices must be >= 0");
       h->rt.run.cudaDevices = (int)value;
@@ -111,6 +113,14 @@ tacclStatus tacclGetProgramInfo(const tacclRuntime* h, int index, tacclProgramIn
   info->minBytes = p.minBytes;
   info->maxBytes = p.maxBytes;
   info->maxThreadBlocks = p.maxTbs();
+  info->receives = info->directReceives = 0;
+  for (auto& r : p.ranks)
+    for (auto& tb : r.tbs)
+      for (auto& st : tb.steps)
+        if (st.type != taccl::ST_NOP && taccl::stepRecvs(st.type)) {
+          info->receives++;
+          info->directReceives += (st.direct & taccl::DIRECT_RECV) != 0;
+        }
   return TACCL_OK;
 }
 

@@ -63,8 +63,20 @@ struct Step {
   uint8_t type, srcbuf, dstbuf, cnt;
   int16_t srcoff, dstoff;
   int16_t depid, deps;
-  uint8_t hasdep, pad;
+  uint8_t hasdep;
+  uint8_t direct;   // DIRECT_* bits, set by the loader's analysis (analyzeProgram)
+  int16_t peeroff;  // with DIRECT_SEND: the first chunk of the receiver's destination
 };
+
+// Direct transfers (NCCL's P2P "direct" mode): where the loader proves it safe, a send writes straight into
+// the buffer the matching receive would have copied into, instead of a FIFO slot, and that receive finds its
+// data in place (one memory pass less per hop). The FIFO counters run as for any call, so ordering,
+// credits and the watchdog are unchanged.
+enum DirectBits : uint8_t {
+  DIRECT_RECV = 1,  // a recv / rcs whose data the sender writes into its destination
+  DIRECT_SEND = 2,  // a send-type step whose receiver is DIRECT_RECV; the receiver's dstbuf in bits 2-3
+};
+TACCL_HD int directPeerBuf(const Step& st) { return (st.direct >> 2) & 3; }
 
 // One connection (channel, sender rank -> receiver rank): a FIFO of nslots calls. Exactly one thread block
 // sends on it and one receives from it (rule 1), so the counters have a single writer each.
@@ -117,6 +129,7 @@ struct LaunchArgs {
   int64_t C;           // tile elements
   int M;               // max chunks per call
   int lines;           // LL on a backend with kLines: FIFO slots hold flagged lines (slotBytes = 2x payload)
+  int direct;          // run the steps' DIRECT_* marks (never together with lines)
 };
 
 // The element loop of a primitive (the host backend's whole move; the CUDA backend's unaligned heads and
@@ -133,8 +146,10 @@ TACCL_HD void scalarMove(const T* a, const T* b, T* d1, T* d2, int64_t first, in
 template <class B, class T, class Op>
 struct Interpreter {
   // One primitive call: wait for the FIFOs, move or reduce n elements, post the FIFOs.
+  // `remote`: a direct send's destination in the receiver's buffer (else the send fills a FIFO slot);
+  // `directIn`: this receive's data was written into dst by its sender.
   TACCL_HD static bool genericOp(B& be, const LaunchArgs& a, const TbLaunch& tb, int type, ConnState& cs,
-                                 const T* src, T* dst, int64_t n, int step, int64_t iter) {
+                                 const T* src, T* dst, T* remote, bool directIn, int64_t n, int step, int64_t iter) {
     const bool doRecv = stepRecvs(type), doSend = stepSends(type);
     const T* in = nullptr;
     T* out = nullptr;
@@ -147,7 +162,7 @@ struct Interpreter {
         WaitInfo w{WAIT_RECV, step, tb.recvPeer, 0, iter, cs.rcnt + 1};
         if (!be.waitGE(rc->head, cs.rcnt + 1, !rc->local, w, cs.headSeen)) return false;
       }
-      in = (const T*)(rc->data + (int64_t)(cs.rcnt % (uint64_t)a.nslots) * a.slotBytes);
+      in = directIn ? dst : (const T*)(rc->data + (int64_t)(cs.rcnt % (uint64_t)a.nslots) * a.slotBytes);
     }
     if (doSend) {
       // The FIFO holds nslots calls: call number scnt may be written once call scnt - nslots was consumed.
@@ -155,7 +170,7 @@ struct Interpreter {
         WaitInfo w{WAIT_SEND, step, tb.sendPeer, 0, iter, cs.scnt - a.nslots + 1};
         if (!be.waitGE(sc->tail, cs.scnt - a.nslots + 1, !sc->local, w, cs.tailSeen)) return false;
       }
-      out = (T*)(sc->data + (int64_t)(cs.scnt % (uint64_t)a.nslots) * a.slotBytes);
+      out = remote ? remote : (T*)(sc->data + (int64_t)(cs.scnt % (uint64_t)a.nslots) * a.slotBytes);
     }
     // The primitive as one move: source a (and b for a reduction), destinations d1 (the step's dst) and d2
     // (the send slot).
@@ -163,7 +178,7 @@ struct Interpreter {
     const T* mb = stepReduces(type) ? src : nullptr;
     if (type == ST_SEND || type == ST_CPY) ma = src;
     else if (type == ST_RE) ma = dst;
-    T* d1 = stepWritesDst(type) ? dst : nullptr;
+    T* d1 = stepWritesDst(type) && !directIn ? dst : nullptr;  // a direct receive's data is already there
     if constexpr (B::kLines) {
       if (lines) {
         // LL: the lines carry their own flags, so the sender posts nothing and the receiver only returns
@@ -177,7 +192,7 @@ struct Interpreter {
         return true;
       }
     }
-    be.template move<T, Op>(ma, mb, d1, out, n);
+    if (d1 || out) be.template move<T, Op>(ma, mb, d1, out, n);
     be.endWork(true);
     const bool sys = (doRecv && !rc->local) || (doSend && !sc->local);
     be.post(doRecv ? rc->tail : nullptr, doRecv ? ++cs.rcnt : 0, doSend ? sc->head : nullptr, doSend ? ++cs.scnt : 0, sys);
@@ -202,11 +217,16 @@ struct Interpreter {
           if (!be.waitGE(&a.flags[(int64_t)(tb.flagBase + st.depid) * kCounterStride], want, false, w, seen)) return false;
         }
         if (st.type != ST_NOP) {
+          const int direct = a.direct ? st.direct : 0;
+          T* peer = direct & DIRECT_SEND ? (T*)a.bufs[tb.sendPeer * 3 + directPeerBuf(st)] : nullptr;
           for (int c = 0; c < st.cnt; c += a.M) {
             const int k = st.cnt - c < a.M ? st.cnt - c : a.M;
             const T* src = stepReadsSrc(st.type) ? bufs[st.srcbuf] + (int64_t)(st.srcoff + c) * a.S + gridOffset : nullptr;
             T* dst = stepWritesDst(st.type) ? bufs[st.dstbuf] + (int64_t)(st.dstoff + c) * a.S + gridOffset : nullptr;
-            if (!genericOp(be, a, tb, st.type, cs, src, dst, (int64_t)k * nelem, s, iter)) return false;
+            T* remote = peer ? peer + (int64_t)(st.peeroff + c) * a.S + gridOffset : nullptr;
+            if (!genericOp(be, a, tb, st.type, cs, src, dst, remote, (direct & DIRECT_RECV) != 0, (int64_t)k * nelem, s,
+                           iter))
+              return false;
           }
         }
         if (st.hasdep)

@@ -3,9 +3,10 @@
 // One kernel launch per GPU per collective (cooperative launch, so every block is co-resident or the launch
 // is refused). Ranks map to GPUs as rank % ndev; several ranks may share one GPU (their blocks share the
 // grid). Connection FIFOs and their counters live on the receiver's GPU and the sender writes them through
-// peer access. Per-block flags live on the block's GPU. A block that waits longer than the timeout sets a
-// shared abort flag (host-mapped memory, visible to every GPU) and records what it waited for, so the host
-// can report the same message as the host backend.
+// peer access. Per-block flags live on the block's GPU. A block that has waited through the timeout with no
+// progress (no post on its GPU, no change of what it polls) sets a shared abort flag (host-mapped memory,
+// visible to every GPU) and records what it waited for, so the host can report the same message as the
+// host backend.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,7 +32,17 @@ struct DevCtl {
   WaitInfo* waits;        // host-mapped, one per block (global index)
   int* waitActive;        // host-mapped, one per block
   const int* blockMap;    // this GPU's grid index -> global block index
+  unsigned long long* progress;  // this GPU's posts so far (device memory): the watchdog's sign of life
   unsigned long long timeoutNs;
+};
+
+// The watchdog's state in one wait. A wait gives up only after the timeout without progress *and* after
+// kMinIdleChecks checks without progress: a kernel that is not running (time-slicing, MPS, a debugger)
+// makes no checks, so a long pause of the whole GPU is not taken for a deadlock.
+constexpr unsigned kMinIdleChecks = 256;  // each check is 1024 polls: about 0.1-0.5 s of spinning
+struct WaitClock {
+  unsigned spins = 0, idle = 0;
+  unsigned long long start = 0, seen = 0;
 };
 
 __device__ __forceinline__ unsigned long long globalTimer() {
@@ -201,14 +212,23 @@ struct DeviceBackend {
 
   static constexpr bool kLines = true;
 
-  // Called on every spin of a wait; every 1024 spins it checks whether the wait must stop: another block
-  // aborted the run, or this wait passed the timeout (then it aborts the run). A stopping wait records what
-  // it waited for, so the host's message names every waiting block.
-  __device__ bool keepWaiting(unsigned& spins, unsigned long long& start, const WaitInfo& w) {
-    if ((++spins & 1023) != 0) return true;
+  // Called on every spin of a wait with the value it polled; every 1024 spins it checks whether the wait
+  // must stop: another block aborted the run, or nothing progressed through the timeout (then it aborts
+  // the run). Progress is any post on this GPU or a change of the polled value (another GPU's post). A
+  // stopping wait records what it waited for, so the host's message names every waiting block.
+  __device__ bool keepWaiting(WaitClock& c, uint64_t polled, const WaitInfo& w) {
+    if ((++c.spins & 1023) != 0) return true;
     const unsigned long long now = globalTimer();
-    if (!start) start = now;
-    if (!*ctl.abort && now - start <= ctl.timeoutNs) return true;
+    // both counters only grow, so their sum changes exactly when one of them does
+    const unsigned long long mark = *(volatile unsigned long long*)ctl.progress + polled;
+    if (!c.start || mark != c.seen) {
+      c.start = now;
+      c.seen = mark;
+      c.idle = 0;
+    } else {
+      c.idle++;
+    }
+    if (!*ctl.abort && (now - c.start <= ctl.timeoutNs || c.idle < kMinIdleChecks)) return true;
     *ctl.abort = 1;
     ctl.waits[g] = w;
     __threadfence_system();
@@ -221,10 +241,9 @@ struct DeviceBackend {
   // Wait (this thread alone) until a line carries `flag`; false when the run was aborted or timed out.
   __device__ bool readLine(const uint4* p, uint32_t flag, const WaitInfo& w, uint64_t& x) {
     uint4 v;
-    unsigned spins = 0;
-    unsigned long long start = 0;
+    WaitClock clock;
     while (v = loadPack(p), v.y != flag || v.w != flag)
-      if (!keepWaiting(spins, start, w)) return false;
+      if (!keepWaiting(clock, 0, w)) return false;
     x = (uint64_t)v.x | ((uint64_t)v.z << 32);
     return true;
   }
@@ -252,8 +271,13 @@ struct DeviceBackend {
     return true;
   }
 
+  __device__ void countProgress() {
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(ctl.progress) : "memory");
+  }
   __device__ void postRelaxed(uint64_t* p, uint64_t v, bool sys) {
-    if (threadIdx.x == 0) storeRelaxed(p, v, sys);
+    if (threadIdx.x != 0) return;
+    storeRelaxed(p, v, sys);
+    countProgress();
   }
 
   template <class T, class Op>
@@ -275,11 +299,10 @@ struct DeviceBackend {
     __shared__ uint64_t value;
     if (threadIdx.x == 0) {
       ok = 1;
-      unsigned spins = 0;
-      unsigned long long start = 0;
+      WaitClock clock;
       uint64_t x;
       while ((x = loadAcquire(p, sys)) < v)
-        if (!keepWaiting(spins, start, w)) { ok = 0; break; }
+        if (!keepWaiting(clock, x, w)) { ok = 0; break; }
       value = x;
     }
     __syncthreads();
@@ -294,6 +317,7 @@ struct DeviceBackend {
     else asm volatile("fence.acq_rel.gpu;" ::: "memory");
     if (p1) storeRelaxed(p1, v1, sys);
     if (p2) storeRelaxed(p2, v2, sys);
+    countProgress();
   }
 };
 
@@ -547,6 +571,7 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       a.nslots = plan.nslots;
       a.slotBytes = lines ? 2 * plan.slotBytes : plan.slotBytes;
       a.lines = lines;
+      a.direct = opt.direct && !lines;  // LL lines carry their flags in the FIFO slot
       a.bufs = toDevice(al, d, bufs);
       a.flags = (uint64_t*)al.alloc(d, (size_t)ntbs * kCounterStride * sizeof(uint64_t));
       a.S = plan.S;
@@ -559,6 +584,7 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       ck(cudaHostGetDevicePointer((void**)&ctl.waitActive, waitActive, 0), "cudaHostGetDevicePointer");
       ctl.abort = dAbort;
       ctl.blockMap = toDevice(al, d, map);
+      ctl.progress = (unsigned long long*)al.alloc(d, sizeof(unsigned long long));
       ctl.timeoutNs = (unsigned long long)opt.timeoutMs * 1000000ull;
       per[d].a = a;
       per[d].ctl = ctl;

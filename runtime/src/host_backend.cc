@@ -131,6 +131,7 @@ RunReport runHost(const Plan& plan, const std::vector<char*>& userBufs, const Ru
   a.S = plan.S;
   a.C = plan.C;
   a.M = plan.M;
+  a.direct = opt.direct;
 
   HostShared sh;
   sh.active.reset(new std::atomic<int>[ntbs]);

@@ -46,6 +46,7 @@ Plan makePlan(const Program& p, const CallSpec& call, int64_t tileBytesOverride)
 struct RunOptions {
   int64_t timeoutMs = 10000;
   int cudaDevices = 0;
+  bool direct = true;  // run the loader's direct transfers (Step::direct)
 };
 
 enum class Outcome { Done = 0, NoMatch = 1, Deadlock = 2, Failed = 3 };

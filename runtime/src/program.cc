@@ -110,7 +110,36 @@ void readStep(const Where& w, const XmlNode& n, int index, Step& st) {
   st.depid = (int16_t)parseInt(w, n, "depid", -1, kMaxTbs - 1);
   st.deps = (int16_t)parseInt(w, n, "deps", -1, kMaxSteps - 1);
   st.hasdep = (uint8_t)parseInt(w, n, "hasdep", 0, 1);
-  st.pad = 0;
+  st.direct = 0;
+  st.peeroff = 0;
+}
+
+// Physical chunk of an access of rank r, as (buffer << 32 | chunk), with the in-place aliases of section 1.8
+// when the program allows in-place calls.
+int64_t physicalChunk(const Program& p, int r, int buf, int chunk) {
+  if (p.inplace) {
+    switch (p.coll) {
+      case Coll::AllGather: if (buf == BUF_I) { buf = BUF_O; chunk += r * p.inputChunks(); } break;
+      case Coll::ReduceScatter: if (buf == BUF_O) { buf = BUF_I; chunk += r * p.outputChunks(); } break;
+      default: if (buf == BUF_O) buf = BUF_I; break;
+    }
+  }
+  return (int64_t)buf << 32 | (uint32_t)chunk;
+}
+
+// A step that reads src and writes dst where the two ranges overlap without being the same: its threads
+// would read elements that others have already overwritten (the GPU runs a step's elements in parallel).
+void checkOverlap(const Where& w, const Program& p, int rank, const Step& st) {
+  if (!stepReadsSrc(st.type) || !stepWritesDst(st.type)) return;
+  const int64_t a = physicalChunk(p, rank, st.srcbuf, st.srcoff), b = physicalChunk(p, rank, st.dstbuf, st.dstoff);
+  if (a >> 32 != b >> 32 || a == b) return;
+  if ((a > b ? a - b : b - a) >= st.cnt) return;
+  static const char* names[] = {"i", "o", "s"};
+  fail(w, std::string("source ") + names[st.srcbuf] + "[" + std::to_string(st.srcoff) + ".." +
+              std::to_string(st.srcoff + st.cnt - 1) + "] and destination " + names[st.dstbuf] + "[" +
+              std::to_string(st.dstoff) + ".." + std::to_string(st.dstoff + st.cnt - 1) + "] overlap" +
+              (st.srcbuf != st.dstbuf ? " (in-place aliasing)" : "") +
+              " without being the same chunks: the elements of one step are moved in parallel");
 }
 
 void checkRange(const Where& w, const char* which, int buf, int off, int cnt, int chunks) {
@@ -221,6 +250,7 @@ Program loadProgramText(const std::string& text, const std::string& path, const 
           const int chunks[3] = {rp.iChunks, rp.oChunks, rp.sChunks};
           if (stepReadsSrc(t)) checkRange(sw, "src", st.srcbuf, st.srcoff, st.cnt, chunks[st.srcbuf]);
           if (stepWritesDst(t)) checkRange(sw, "dst", st.dstbuf, st.dstoff, st.cnt, chunks[st.dstbuf]);
+          checkOverlap(sw, p, id, st);
         }
         tb.steps.push_back(st);
         tb.lines.push_back(sn->line);
@@ -359,7 +389,7 @@ Program loadProgramFile(const std::string& path, const LoadOptions& opt) {
 // ---------------------------------------------------------------------------------------------------------
 // Happens-before analysis.
 
-void analyzeProgram(const Program& p) {
+void analyzeProgram(Program& p) {
   struct Node { int rank, tb, step; };
   std::vector<Node> nodes;
   std::vector<std::vector<int>> base(p.ngpus);  // base[r][tb] = first node of that tb
@@ -384,6 +414,9 @@ void analyzeProgram(const Program& p) {
         const Step& st = tb.steps[s];
         if (st.depid >= 0 && !(st.depid == tb.id)) edge(base[r][st.depid] + st.deps, me, 1);
       }
+  // (send, receive) pairs whose receive only stores what arrives (recv, rcs), by the receiver's rank: the
+  // candidates for a direct transfer.
+  std::vector<std::vector<std::pair<int, int>>> directCandidates(p.ngpus);
   for (int a = 0; a < p.ngpus; ++a)
     for (auto& stb : p.ranks[a].tbs) {
       if (stb.send < 0) continue;
@@ -394,7 +427,12 @@ void analyzeProgram(const Program& p) {
         for (size_t s = 0; s < stb.steps.size(); ++s) {
           if (stb.steps[s].type == ST_NOP || !stepSends(stb.steps[s].type)) continue;
           while (j < rtb.steps.size() && (rtb.steps[j].type == ST_NOP || !stepRecvs(rtb.steps[j].type))) j++;
-          if (j < rtb.steps.size()) edge(base[a][stb.id] + (int)s, base[b][rtb.id] + (int)j, 2), j++;
+          if (j < rtb.steps.size()) {
+            const int from = base[a][stb.id] + (int)s, to = base[b][rtb.id] + (int)j++;
+            edge(from, to, 2);
+            const int t = p.ranks[b].tbs[rtb.id].steps[to - base[b][rtb.id]].type;
+            if (t == ST_RECV || t == ST_RCS) directCandidates[b].push_back({from, to});
+          }
         }
       }
     }
@@ -426,11 +464,13 @@ void analyzeProgram(const Program& p) {
     throw ProgramError(o.str());
   }
 
-  // Races, one rank at a time. Vector clocks over that rank's blocks: vc[v][t] = 1 + the last step of
-  // block t that happens before (or is) node v.
+  // Races and direct transfers, one rank at a time. Vector clocks over that rank's blocks: vc[v][t] = 1 +
+  // the last step of block t that happens before (or is) node v.
+  const bool directAffordable = (int64_t)n * p.ngpus <= (int64_t)64 << 20;
   for (int r = 0; r < p.ngpus; ++r) {
     const int T = (int)p.ranks[r].tbs.size();
-    if (T < 2) continue;
+    const bool races = T >= 2, direct = directAffordable && !directCandidates[r].empty();
+    if (!races && !direct) continue;
     if ((int64_t)n * T > (int64_t)48 << 20) continue;  // too large to analyse; the run-time watchdog remains
     std::vector<int16_t> vc((size_t)n * T, 0);
     for (int v : order) {
@@ -443,18 +483,7 @@ void analyzeProgram(const Program& p) {
       }
       if (nodes[v].rank == r) mine[nodes[v].tb] = (int16_t)(nodes[v].step + 1);
     }
-    // Physical chunk of an access, with the in-place aliases of section 1.8 when the program allows in-place.
-    const int inC = p.inputChunks(), outC = p.outputChunks();
-    auto phys = [&](int buf, int chunk) -> int64_t {
-      if (p.inplace) {
-        switch (p.coll) {
-          case Coll::AllGather: if (buf == BUF_I) { buf = BUF_O; chunk += r * inC; } break;
-          case Coll::ReduceScatter: if (buf == BUF_O) { buf = BUF_I; chunk += r * outC; } break;
-          default: if (buf == BUF_O) buf = BUF_I; break;
-        }
-      }
-      return (int64_t)buf << 32 | (uint32_t)chunk;
-    };
+    auto phys = [&](int buf, int chunk) { return physicalChunk(p, r, buf, chunk); };
     std::map<int64_t, std::vector<std::pair<int, bool>>> acc;
     for (auto& tb : p.ranks[r].tbs)
       for (size_t s = 0; s < tb.steps.size(); ++s) {
@@ -471,7 +500,28 @@ void analyzeProgram(const Program& p) {
             acc[d].push_back({v, true});
           }
       }
+    // a (on rank r) happens before b (on any rank)
     auto before = [&](int a, int b) { return vc[(size_t)b * T + nodes[a].tb] >= nodes[a].step + 1; };
+    // A direct transfer writes the receiver's destination at some moment of the send step, which may come
+    // before the receive step begins: safe when every other access of rank r to those chunks happens after
+    // the receive (it waits for the data anyway) or before the send (the sender's wait covers it).
+    if (direct)
+      for (auto [snd, rcv] : directCandidates[r]) {
+        Step& rs = p.ranks[r].tbs[nodes[rcv].tb].steps[nodes[rcv].step];
+        bool safe = true;
+        for (int c = 0; c < rs.cnt && safe; ++c) {
+          auto it = acc.find(phys(rs.dstbuf, rs.dstoff + c));
+          if (it == acc.end()) continue;
+          for (auto& [v, writes] : it->second)
+            if (v != rcv && !before(rcv, v) && !before(v, snd)) { safe = false; break; }
+        }
+        if (!safe) continue;
+        Step& ss = p.ranks[nodes[snd].rank].tbs[nodes[snd].tb].steps[nodes[snd].step];
+        rs.direct |= DIRECT_RECV;
+        ss.direct |= (uint8_t)(DIRECT_SEND | rs.dstbuf << 2);
+        ss.peeroff = rs.dstoff;
+      }
+    if (!races) continue;
     for (auto& kv : acc) {
       auto& list = kv.second;
       for (size_t i = 0; i < list.size(); ++i)

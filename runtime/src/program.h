@@ -58,7 +58,9 @@ Program loadProgramText(const std::string& text, const std::string& path, const 
 
 // Happens-before analysis on the chunk level for one tile iteration (all iterations are alike and touch
 // disjoint memory). Throws ProgramError naming a cycle (certain deadlock) or an unordered pair of steps in
-// different thread blocks of one rank that touch the same chunk, one of them writing.
-void analyzeProgram(const Program& p);
+// different thread blocks of one rank that touch the same chunk, one of them writing. Marks the receives
+// whose sender may write straight into their destination (Step::direct): every other access of the
+// receiving rank to those chunks happens before the send or after the receive.
+void analyzeProgram(Program& p);
 
 }  // namespace taccl

@@ -10,6 +10,7 @@ Runtime::Runtime() {
     long long v = std::atoll(t);
     if (v > 0) run.timeoutMs = v;
   }
+  if (const char* t = std::getenv("TACCL_RUNTIME_DIRECT")) run.direct = std::atoi(t) != 0;
   if (const char* t = std::getenv("TACCL_RUNTIME_TILE_BYTES")) {
     long long v = std::atoll(t);
     if (v > 0) tileBytes = v;

@@ -159,6 +159,18 @@ def chain_reduce(R=4, nchunks=2):
     p.write(f"chain_reduce_{R}.xml")
 
 
+def swap_alltoall_inplace():
+    """In-place AllToAll of 2 ranks: each rank sends i[peer] from one block and receives the peer's chunk into
+    the same memory (o[peer]) from another, after a local dependency on the send. The receive must not be
+    direct: the peer's send is not ordered after this rank's read, so a direct write could overtake it."""
+    p = Prog("swap_alltoall_inplace", "alltoall", 2, 2, inplace=1, outofplace=0)
+    for r in range(2):
+        q = 1 - r
+        p.gpu(r, 2, 2, 0, [(q, -1, 0, [dict(t="s", sb="i", so=q, db="o", do=r, hasdep=1)]),
+                           (-1, q, 0, [dict(t="r", sb="i", so=q, db="o", do=q, depid=0, deps=0)])])
+    p.write("swap_alltoall_inplace_2.xml")
+
+
 def faulty():
     # Deadlock through FIFO capacity: both ranks send 3 Simple calls (2 fit) before receiving.
     p = Prog("fifo_deadlock", "allreduce", 2, 3, proto="Simple", inplace=0, outofplace=1)
@@ -195,4 +207,5 @@ if __name__ == "__main__":
     direct_allreduce(3)
     chain_broadcast()
     chain_reduce()
+    swap_alltoall_inplace()
     faulty()
