@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# One command for a lent GPU machine (issue 14 part 3): build the CUDA backend from a clean tree, inspect the
-# compiled kernel, run the correctness sweep on the GPU, time the runtime against cudaMemcpy and run the
-# profiler. Every stage has its own time limit and its log goes to $OUT (default ./gpu-check-out), so a stage
-# that hangs still leaves what ran.
+# One command for a lent GPU machine (issue 14 part 3): build the CUDA backend from a clean tree (or take a
+# prebuilt one), inspect the compiled kernel, run the correctness sweep on the GPU, stop a deadlocking
+# program, time the runtime against cudaMemcpy and run the profiler. Every stage has its own time limit and
+# its log goes to $OUT (default ./gpu-check-out), so a stage that hangs still leaves what ran.
 #
 #   benchmarks/gpu_check.sh [PROGRAM_DIR...]          (default: gpu-inputs/*)
 #
-# The program directories are made here beforehand and carried to the GPU machine, e.g. (what the results in
-# benchmarks/results/h100-1gpu-2026-11-23 used): gpu-inputs/shared = ../shared/data/msccl-xml/*.xml;
-# gpu-inputs/baselines = `taccl baseline ring|double-binary-tree|hierarchical -t dgx-h100 -n 1|2 --proto P`;
-# gpu-inputs/ndv2 = the msccl-algorithms/ that `taccl batch sketches/skus/ndv2.yaml` writes.
+# The program directories are made here beforehand and carried to the GPU machine, e.g.:
+# gpu-inputs/shared = ../shared/data/msccl-xml/*.xml; gpu-inputs/baselines = `taccl baseline
+# ring|double-binary-tree|hierarchical -t dgx-h100 -n 1|2 --proto P [--instances N]`; gpu-inputs/ndv2 = the
+# msccl-algorithms/ that `taccl batch sketches/skus/ndv2.yaml` writes.
 #
-# Environment: SWEEP=0 skips the sweeps; LARGE="FILES" sweeps them at 256 MiB and 1 GiB; BENCH="FILES" runs
-# taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) and cudaMemcpy; PROFILE=1 runs `taccl profile
-# --quick`; SMALL_S, MEDIUM_S, LARGE_S, BENCH_S are the stages' time limits in seconds.
+# Environment: PREBUILT=DIR takes libtaccl_runtime_cuda.so, taccl_bench_cuda, cuda_backend.o and
+# taccl-probe from DIR (built elsewhere from a clean tree with the same nvcc) instead of building here;
+# SWEEP=0 skips the sweeps; ITERS runs per case (default 2); LARGE="FILES" sweeps them at 256 MiB and 1 GiB;
+# BENCH="FILES" runs taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) with direct transfers on and
+# off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device buffers with the
+# backend's state kept and rebuilt (benchmarks/runtime_calls.py); PROFILE=1 runs `taccl profile --quick`; SMALL_S, MEDIUM_S,
+# LARGE_S, BENCH_S are the stages' time limits in seconds.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
 mkdir -p "$OUT"
@@ -36,10 +40,19 @@ sweep() {
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-log build
-make -C runtime clean > /dev/null
-CUDA_ARCHS=${CUDA_ARCHS:-90} timeout 300 make -C runtime -j16 build/libtaccl_runtime.so build/libtaccl_runtime_cuda.so \
-  build/taccl_bench_cuda > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+if [ -n "${PREBUILT:-}" ]; then
+  log "prebuilt binaries from $PREBUILT"
+  mkdir -p runtime/build/cuda
+  cp "$PREBUILT"/libtaccl_runtime_cuda.so "$PREBUILT"/taccl_bench_cuda runtime/build/ &&
+    cp "$PREBUILT"/cuda_backend.o runtime/build/cuda/ && cp "$PREBUILT"/taccl-probe profiler/ ||
+    { echo "missing prebuilt files"; exit 1; }
+else
+  log build
+  make -C runtime clean > /dev/null
+  CUDA_ARCHS=${CUDA_ARCHS:-90} timeout 300 make -C runtime -j16 build/libtaccl_runtime_cuda.so \
+    build/taccl_bench_cuda > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  make -C profiler NVCC="$(command -v nvcc)" > "$OUT/profiler-build.log" 2>&1
+fi
 
 # What the data loop compiled to: 128-bit global loads and stores, fences, local memory.
 if command -v cuobjdump > /dev/null; then
@@ -52,16 +65,27 @@ if command -v cuobjdump > /dev/null; then
 fi
 
 if [ "${SWEEP:-1}" = 1 ]; then
-  log "sweep: 1 KiB, 64 KiB, 1 MiB; float32, float16, bfloat16; in and out of place; 2 random inputs each"
-  sweep sweep-small "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB --dtypes float32,float16,bfloat16 --iters 2 "${DIRS[@]}"
+  log "sweep: 1 KiB, 64 KiB, 1 MiB; float32, float16, bfloat16; in and out of place; ${ITERS:-2} random inputs each"
+  sweep sweep-small "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB --dtypes float32,float16,bfloat16 --iters "${ITERS:-2}" \
+    "${DIRS[@]}"
   log "sweep: 16 MiB float32"
   sweep sweep-16m "${MEDIUM_S:-150}" --sizes 16MiB --dtypes float32 --iters 1 --only-outofplace "${DIRS[@]}"
 fi
+
+# A program that deadlocks (both ranks fill their FIFO before receiving) must be stopped by the watchdog with
+# the waiting blocks named, not hang the GPU.
+log "watchdog"
+( time timeout 60 python3 -m taccl.cli run runtime/tests/data/bad_fifo_deadlock.xml --backend cuda --size 96 \
+    --dtype int32 --timeout-ms 300 ) > "$OUT/watchdog.txt" 2>&1
+echo "exit $? (1 expected: deadlock)" | tee -a "$OUT/summary.txt"
+grep -E "deadlock|real" "$OUT/watchdog.txt" | head -3 | tee -a "$OUT/summary.txt"
+
 # The device-buffer entry point (tacclRun) with the caller's own GPU buffers (CuPy), and a host pointer passed
 # as a device buffer, which must be refused with a message rather than fault the process.
 log "device buffers"
 timeout 60 python3 - > "$OUT/device-buffers.txt" 2>&1 <<'PY'
 import ctypes
+import glob
 import cupy as cp
 from taccl import runtime as trt
 lib = trt._lib(cuda=True)
@@ -71,7 +95,7 @@ lib.tacclRun.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_i
                          ctypes.c_int64, P, P, ctypes.c_int, ctypes.POINTER(trt._RunResult)]
 R, count = 8, 1 << 16
 with trt.Runtime(backend="cuda") as rt:
-    idx = rt.load("gpu-inputs/baselines/ring-allreduce-n1-Simple.xml")
+    idx = rt.load(sorted(glob.glob("gpu-inputs/baselines/ring-allreduce-n1-Simple.xml"))[0])
     inputs = trt.make_inputs("allreduce", "float32", "sum", R, count, seed=3)
     ref = trt.reference("allreduce", "float32", "sum", inputs)
     send = [cp.asarray(x) for x in inputs]
@@ -95,9 +119,14 @@ fi
 
 if [ -n "${BENCH:-}" ]; then
   log "taccl_bench on $BENCH"
+  modes="1 0"
+  [ "${DIRECT_AB:-1}" = 0 ] && modes=1
   for f in $BENCH; do
-    timeout "${BENCH_S:-60}" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 -e "${BENCH_MAX:-268435456}" -f 4 \
-      -w 2 -n 5 -c "${BENCH_CHECK:-1}" >> "$OUT/bench.txt" 2>&1
+    for direct in $modes; do
+      echo "# TACCL_RUNTIME_DIRECT=$direct" >> "$OUT/bench.txt"
+      TACCL_RUNTIME_DIRECT=$direct timeout "${BENCH_S:-60}" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 \
+        -e "${BENCH_MAX:-268435456}" -f 4 -w 2 -n 5 -c "${BENCH_CHECK:-1}" >> "$OUT/bench.txt" 2>&1
+    done
   done
   python3 - <<'PY' >> "$OUT/bench.txt" 2>&1
 import ctypes
@@ -110,12 +139,18 @@ for size in (1 << 10, 1 << 20, 1 << 28, 1 << 30):
     if lib.tacclCudaMemcpyUs(size, 10, ctypes.byref(us)) == 0:
         print(f"cudaMemcpy device to device {size:>12} B {us.value:10.1f} us {size / 1e3 / us.value:9.1f} GB/s")
 PY
+  grep cudaMemcpy "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+fi
+
+if [ -n "${CALLS:-}" ]; then
+  log "whole calls on device buffers: $CALLS"
+  timeout "${CALLS_S:-90}" python3 benchmarks/runtime_calls.py $CALLS > "$OUT/calls.txt" 2>&1
+  cat "$OUT/calls.txt" | tee -a "$OUT/summary.txt"
 fi
 
 if [ -n "${PROFILE:-}" ]; then
   log "taccl profile --quick"
-  make -C profiler NVCC="$(command -v nvcc)" > "$OUT/profiler-build.log" 2>&1
-  ( time timeout 300 python3 -m taccl.cli profile --quick --out "$OUT/profiled-topology.json" ) > "$OUT/profile.txt" 2>&1
+  ( time timeout 120 python3 -m taccl.cli profile --quick --out "$OUT/profiled-topology.json" ) > "$OUT/profile.txt" 2>&1
   tail -25 "$OUT/profile.txt"
 fi
 log done

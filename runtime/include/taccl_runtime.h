@@ -88,6 +88,8 @@ const char* tacclLastError(const tacclRuntime* h);
  *   "tile_bytes"   override the protocol tile size C in bytes, 0 = protocol default (env TACCL_RUNTIME_TILE_BYTES)
  *   "analysis"     1 (default): refuse programs with a dependency cycle or a data race at load time; 0: skip
  *                  (and with it the direct transfers, which the same analysis proves safe)
+ *   "cuda_cache"   1 (default): the CUDA backend keeps its device tables, FIFOs, scratch and streams between
+ *                  calls of the same shape (up to 8 shapes); 0: allocate and release them in every call
  *   "direct"       1 (default): a send writes straight into its receiver's buffer where the load-time analysis
  *                  proved it safe (not with the CUDA backend's LL lines); 0: every transfer through the FIFO
  *                  (env TACCL_RUNTIME_DIRECT)

@@ -68,6 +68,8 @@ tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value) {
       h->rt.tileBytes = value;
     } else if (n == "analysis") {
       h->rt.analysis = value != 0;
+    } else if (n == "cuda_cache") {
+      h->rt.cudaCache = value != 0;
     } else if (n == "direct") {
       h->rt.run.direct = value != 0;
     } else if (n == "cuda_devices") {

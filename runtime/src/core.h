@@ -130,6 +130,8 @@ struct LaunchArgs {
   int M;               // max chunks per call
   int lines;           // LL on a backend with kLines: FIFO slots hold flagged lines (slotBytes = 2x payload)
   int direct;          // run the steps' DIRECT_* marks (never together with lines)
+  uint32_t epoch;      // LL lines: call k of a connection carries flag epoch + k (k = 1, 2, ...), so lines
+                       // left in a reused FIFO by an earlier run never match
 };
 
 // The element loop of a primitive (the host backend's whole move; the CUDA backend's unaligned heads and
@@ -184,8 +186,8 @@ struct Interpreter {
         // LL: the lines carry their own flags, so the sender posts nothing and the receiver only returns
         // the slot (a credit: its reads are done, no data of its own to order).
         WaitInfo w{WAIT_RECV, step, doRecv ? tb.recvPeer : -1, 0, iter, cs.rcnt + 1};
-        const bool ok = be.template moveLines<T, Op>(ma, doRecv, mb, d1, out, n, (uint32_t)(cs.rcnt + 1),
-                                                     (uint32_t)(cs.scnt + 1), w);
+        const bool ok = be.template moveLines<T, Op>(ma, doRecv, mb, d1, out, n, a.epoch + (uint32_t)(cs.rcnt + 1),
+                                                     a.epoch + (uint32_t)(cs.scnt + 1), w);
         if (!be.endWork(ok)) return false;
         if (doRecv) be.postRelaxed(rc->tail, ++cs.rcnt, !rc->local);
         if (doSend) ++cs.scnt;

@@ -12,6 +12,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <sstream>
@@ -355,6 +360,15 @@ struct DeviceAllocs {
     ck(cudaMemset(p, 0, bytes ? bytes : 1), "cudaMemset");
     return p;
   }
+  void release(void* p) {
+    for (auto it = ptrs.begin(); it != ptrs.end(); ++it)
+      if (it->second == p) {
+        cudaSetDevice(it->first);
+        cudaFree(p);
+        ptrs.erase(it);
+        return;
+      }
+  }
   void* mapped(size_t bytes) {
     void* p = nullptr;
     ck(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
@@ -412,7 +426,321 @@ V* toDevice(DeviceAllocs& al, int dev, const std::vector<V>& v) {
   return p;
 }
 
+
+// The part of a launch that does not change from one call of the same shape to the next: device tables,
+// FIFOs, counters, scratch, streams and events. Built once per shape and kept in the handle's CudaCache.
+struct PerDev {
+  LaunchArgs a{};
+  DevCtl ctl{};
+  int grid = 0, threads = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaError_t launch = cudaSuccess;
+  char* counters = nullptr;   // flags, progress, and the FIFO heads and tails that live here: zeroed per call
+  size_t counterBytes = 0;
+  char** bufTable = nullptr;  // device copy of a.bufs
+};
+
+struct LaunchShape {
+  const Program* prog;
+  int64_t S, C;
+  int M, dtype, op, ndev, lines, direct;
+  size_t typeSize;
+  int64_t timeoutMs;
+  bool operator==(const LaunchShape& o) const {
+    return prog == o.prog && S == o.S && C == o.C && M == o.M && dtype == o.dtype && op == o.op && ndev == o.ndev &&
+           lines == o.lines && direct == o.direct && typeSize == o.typeSize && timeoutMs == o.timeoutMs;
+  }
+};
+
+struct CudaState {
+  LaunchShape shape{};
+  DeviceAllocs al;
+  KernelFn kernel = nullptr;
+  int ndev = 0, ntbs = 0, R = 0;
+  std::vector<PerDev> per;
+  std::vector<int> active;  // devices with blocks
+  int* abortFlag = nullptr;
+  WaitInfo* waits = nullptr;
+  int* waitActive = nullptr;
+  std::vector<char*> scratch;     // per rank, device
+  std::vector<Conn> conns;
+  std::vector<std::pair<char*, size_t>> lineData;  // LL FIFOs, zeroed when the epoch wraps
+  uint64_t callsPerRun = 0;       // most calls one connection makes in a run (LL epochs)
+  uint32_t epoch = 0;
+  std::vector<char*> uploaded;    // the buffer table the devices hold
+  // staging of host buffers: per rank, [in, out] (in place: one span in [0])
+  std::vector<std::array<std::pair<char*, size_t>, 2>> staging;
+
+  int devOf(int rank) const { return rank % ndev; }
+
+  // A device buffer of at least `bytes` for rank r's staging slot k, kept for the next call.
+  char* stagingBuffer(int r, int k, size_t bytes) {
+    auto& slot = staging[r][k];
+    if (slot.second < bytes) {
+      if (slot.first) al.release(slot.first);
+      slot.first = (char*)al.alloc(devOf(r), bytes);
+      slot.second = bytes;
+    }
+    return slot.first;
+  }
+};
+
+// Calls connection c makes per run: its sending block's send-type calls per tile, times the tiles.
+uint64_t callsOf(const Plan& plan, int c) {
+  for (const TbLaunch& t : plan.tbs)
+    if (t.sendConn == c) {
+      uint64_t perTile = 0;
+      for (int s = 0; s < t.nsteps; ++s) {
+        const Step& st = plan.steps[t.firstStep + s];
+        if (st.type != ST_NOP && stepSends(st.type)) perTile += (st.cnt + plan.M - 1) / plan.M;
+      }
+      return perTile * (uint64_t)plan.iters;
+    }
+  return 0;
+}
+
+std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape, KernelFn kernel,
+                                      const RunOptions& opt) {
+  auto st = std::make_unique<CudaState>();
+  CudaState& S = *st;
+  S.shape = shape;
+  S.kernel = kernel;
+  S.ndev = shape.ndev;
+  S.R = plan.prog->ngpus;
+  S.ntbs = (int)plan.tbs.size();
+  const int nconns = (int)plan.conns.size(), ntbs = S.ntbs, lines = shape.lines;
+  DeviceAllocs& al = S.al;
+  // Peer access for the GPU pairs the program's connections join, both ways (the sender writes the data
+  // and head on the receiver's GPU, the receiver the tail on the sender's), and for no other pair.
+  std::set<std::pair<int, int>> pairs;
+  for (auto& c : plan.conns) {
+    const int a = S.devOf(c.sendRank), b = S.devOf(c.recvRank);
+    if (a != b) pairs.insert({a, b}), pairs.insert({b, a});
+  }
+  for (auto [a, b] : pairs) {
+    int can = 0;
+    ck(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
+    if (!can)
+      throw CudaFailure("GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) +
+                        " (peer access), which connections between their ranks need");
+    enablePeerAccess(a, b);
+  }
+  S.scratch.assign(S.R, nullptr);
+  S.staging.resize(S.R);
+  for (int r = 0; r < S.R; ++r)
+    if (plan.scratchElems[r] > 0) S.scratch[r] = (char*)al.alloc(S.devOf(r), (size_t)plan.scratchElems[r] * plan.typeSize);
+  // Counters: per device one block that a single memset clears before each call: the flags of every block
+  // (indexed globally), the progress counter, then the heads of connections received here and the tails of
+  // connections sent from here.
+  std::vector<size_t> counterWords(S.ndev, (size_t)(ntbs + 1) * kCounterStride);
+  std::vector<size_t> headAt(nconns), tailAt(nconns);
+  for (int c = 0; c < nconns; ++c) {
+    const int recvDev = S.devOf(plan.conns[c].recvRank), sendDev = S.devOf(plan.conns[c].sendRank);
+    headAt[c] = counterWords[recvDev];
+    counterWords[recvDev] += kCounterStride;
+    tailAt[c] = counterWords[sendDev];
+    counterWords[sendDev] += kCounterStride;
+  }
+  S.per.resize(S.ndev);
+  for (int d = 0; d < S.ndev; ++d) {
+    S.per[d].counterBytes = counterWords[d] * sizeof(uint64_t);
+    S.per[d].counters = (char*)al.alloc(d, S.per[d].counterBytes);
+  }
+  S.conns.resize(nconns);
+  for (int c = 0; c < nconns; ++c) {
+    const int recvDev = S.devOf(plan.conns[c].recvRank), sendDev = S.devOf(plan.conns[c].sendRank);
+    uint64_t* head = (uint64_t*)S.per[recvDev].counters + headAt[c];
+    uint64_t* tail = (uint64_t*)S.per[sendDev].counters + tailAt[c];
+    const size_t dataBytes = (size_t)plan.nslots * plan.slotBytes * (lines ? 2 : 1);
+    char* data = (char*)al.alloc(recvDev, dataBytes);
+    if (lines) S.lineData.push_back({data, dataBytes});
+    S.conns[c] = Conn{head, tail, data, plan.conns[c].sendRank, plan.conns[c].recvRank, plan.conns[c].chan,
+                      recvDev == sendDev};
+    S.callsPerRun = std::max(S.callsPerRun, callsOf(plan, c));
+  }
+  if (lines && S.callsPerRun >= 0xffffffffull)
+    throw CudaFailure("an LL run of " + std::to_string(S.callsPerRun) + " calls on one connection overflows its 32-bit line flags");
+  S.abortFlag = (int*)al.mapped(sizeof(int));
+  S.waits = (WaitInfo*)al.mapped(sizeof(WaitInfo) * (ntbs ? ntbs : 1));
+  S.waitActive = (int*)al.mapped(sizeof(int) * (ntbs ? ntbs : 1));
+  for (int d = 0; d < S.ndev; ++d) {
+    PerDev& pd = S.per[d];
+    std::vector<int> map;
+    for (int g = 0; g < ntbs; ++g)
+      if (S.devOf(plan.tbs[g].rank) == d) map.push_back(g);
+    pd.grid = (int)map.size();
+    if (map.empty()) continue;
+    S.active.push_back(d);
+    ck(cudaSetDevice(d), "cudaSetDevice");
+    int perSM = 0, sms = 0, coop = 0;
+    ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d), "cudaDeviceGetAttribute");
+    ck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, d), "cudaDeviceGetAttribute");
+    if (!coop) throw CudaFailure("GPU " + std::to_string(d) + " does not support cooperative launch");
+    for (int threads : kThreadChoices) {
+      ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, kernel, threads, 0), "cudaOccupancy");
+      pd.threads = threads;
+      if ((int64_t)perSM * sms >= (int64_t)map.size()) break;
+    }
+    if ((int64_t)perSM * sms < (int64_t)map.size())
+      throw CudaFailure("GPU " + std::to_string(d) + " cannot hold " + std::to_string(map.size()) +
+                        " co-resident thread blocks (" + std::to_string(perSM) + " per SM of " +
+                        std::to_string(pd.threads) + " threads x " + std::to_string(sms) + " SMs)");
+    LaunchArgs& a = pd.a;
+    a.steps = toDevice(al, d, plan.steps);
+    a.tbs = toDevice(al, d, plan.tbs);
+    a.ntbs = ntbs;
+    a.conns = toDevice(al, d, S.conns);
+    a.nslots = plan.nslots;
+    a.slotBytes = lines ? 2 * plan.slotBytes : plan.slotBytes;
+    a.lines = lines;
+    a.direct = shape.direct;
+    pd.bufTable = (char**)al.alloc(d, sizeof(char*) * 3 * S.R);
+    a.bufs = pd.bufTable;
+    a.flags = (uint64_t*)pd.counters;
+    a.S = plan.S;
+    a.C = plan.C;
+    a.M = plan.M;
+    DevCtl& ctl = pd.ctl;
+    int* dAbort = nullptr;
+    ck(cudaHostGetDevicePointer((void**)&dAbort, S.abortFlag, 0), "cudaHostGetDevicePointer");
+    ck(cudaHostGetDevicePointer((void**)&ctl.waits, S.waits, 0), "cudaHostGetDevicePointer");
+    ck(cudaHostGetDevicePointer((void**)&ctl.waitActive, S.waitActive, 0), "cudaHostGetDevicePointer");
+    ctl.abort = dAbort;
+    ctl.blockMap = toDevice(al, d, map);
+    ctl.progress = (unsigned long long*)((uint64_t*)pd.counters + (size_t)ntbs * kCounterStride);
+    ctl.timeoutNs = (unsigned long long)opt.timeoutMs * 1000000ull;
+    pd.stream = al.stream(d);
+    pd.start = al.event(d);
+    pd.stop = al.event(d);
+  }
+  return st;
+}
+
+// One run on a prepared state. Throws CudaFailure; a deadlock is reported in the RunReport.
+RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers,
+                     const RunOptions& opt) {
+  RunReport rep;
+  const int R = S.R, ntbs = S.ntbs;
+  // Buffers: the user's device pointers, or staged copies of host buffers (in-place aliasing preserved by
+  // staging one span that covers both).
+  std::vector<char*> bufs = userBufs;
+  struct Stage { char* host; char* dev; size_t bytes; };
+  std::vector<Stage> stages;
+  for (int r = 0; r < R; ++r) {
+    if (hostBuffers) {
+      char* s = userBufs[r * 3 + BUF_I];
+      char* o = userBufs[r * 3 + BUF_O];
+      const size_t inB = (size_t)plan.inElems[r] * plan.typeSize, outB = (size_t)plan.outElems[r] * plan.typeSize;
+      if (plan.call.inplace) {
+        char* lo = s < o ? s : o;
+        char* hi = s + inB > o + outB ? s + inB : o + outB;
+        char* d = S.stagingBuffer(r, 0, hi - lo);
+        stages.push_back({lo, d, (size_t)(hi - lo)});
+        bufs[r * 3 + BUF_I] = d + (s - lo);
+        bufs[r * 3 + BUF_O] = d + (o - lo);
+      } else {
+        char* di = S.stagingBuffer(r, 0, inB);
+        char* dout = S.stagingBuffer(r, 1, outB);
+        stages.push_back({s, di, inB});
+        stages.push_back({o, dout, outB});
+        bufs[r * 3 + BUF_I] = di;
+        bufs[r * 3 + BUF_O] = dout;
+      }
+    }
+    bufs[r * 3 + BUF_S] = S.scratch[r];
+  }
+  for (auto& st : stages) ck(cudaMemcpy(st.dev, st.host, st.bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  // LL line flags continue from the last run's, so that lines it left in the FIFOs never match; when the
+  // 32-bit flags would wrap, the FIFOs are cleared and the flags start again.
+  if (!S.lineData.empty() && (uint64_t)S.epoch + S.callsPerRun >= 0xffffffffull) {
+    for (auto& [p, n] : S.lineData) ck(cudaMemset(p, 0, n), "cudaMemset");
+    S.epoch = 0;
+  }
+  *(volatile int*)S.abortFlag = 0;
+  memset(S.waitActive, 0, sizeof(int) * (ntbs ? ntbs : 1));
+  for (int d : S.active) {
+    PerDev& pd = S.per[d];
+    ck(cudaSetDevice(d), "cudaSetDevice");
+    // the caller's work on its buffers (any stream) and the staging copies are done before the kernel reads
+    ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (S.uploaded != bufs)
+      ck(cudaMemcpy(pd.bufTable, bufs.data(), sizeof(char*) * bufs.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    ck(cudaMemsetAsync(pd.counters, 0, pd.counterBytes, pd.stream), "cudaMemsetAsync");
+    pd.a.epoch = S.epoch;
+    pd.launch = cudaSuccess;
+  }
+  S.uploaded = bufs;
+  S.epoch += (uint32_t)(S.callsPerRun + 1);
+  // Each GPU's kernel is launched by its own host thread: the kernels wait for each other, so a launch
+  // that blocks until its kernel ends (CUDA_LAUNCH_BLOCKING=1, a serialising tool) must not hold back
+  // the next GPU's launch. A failed launch sets the abort flag, so the kernels already running stop at
+  // their next wait instead of spinning until the watchdog.
+  auto launch = [&](int d) {
+    PerDev& pd = S.per[d];
+    void* args[] = {&pd.a, &pd.ctl};
+    cudaError_t e = cudaSetDevice(d);
+    if (e == cudaSuccess) e = cudaEventRecord(pd.start, pd.stream);
+    if (e == cudaSuccess)
+      e = cudaLaunchCooperativeKernel((const void*)S.kernel, dim3(pd.grid), dim3(pd.threads), args, 0, pd.stream);
+    if (e == cudaSuccess) e = cudaEventRecord(pd.stop, pd.stream);
+    if (e != cudaSuccess) {
+      pd.launch = e;
+      *(volatile int*)S.abortFlag = 1;
+    }
+  };
+  if (S.active.size() == 1) {
+    launch(S.active[0]);
+  } else {
+    std::vector<std::thread> launchers;
+    for (int d : S.active) launchers.emplace_back(launch, d);
+    for (auto& t : launchers) t.join();
+  }
+  // The call's time: the longest kernel, timed by CUDA events on its GPU.
+  rep.elapsedUs = 0;
+  std::string failure;
+  for (int d : S.active) {
+    PerDev& pd = S.per[d];
+    ck(cudaSetDevice(d), "cudaSetDevice");
+    cudaError_t e = pd.launch != cudaSuccess ? pd.launch : cudaStreamSynchronize(pd.stream);
+    if (e != cudaSuccess) {
+      if (failure.empty())
+        failure = "GPU " + std::to_string(d) + (pd.launch != cudaSuccess ? " launch: " : " kernel: ") +
+                  cudaGetErrorString(e);
+      continue;
+    }
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, pd.start, pd.stop), "cudaEventElapsedTime");
+    rep.elapsedUs = std::max(rep.elapsedUs, ms * 1000.0);
+  }
+  if (!failure.empty()) throw CudaFailure(failure);
+  if (*S.abortFlag) {
+    std::ostringstream o;
+    int n = 0;
+    for (int g = 0; g < ntbs; ++g) n += S.waitActive[g] != 0;
+    o << plan.prog->path << ": deadlock: the watchdog stopped the program after " << opt.timeoutMs
+      << " ms without progress; " << n << " thread block" << (n == 1 ? "" : "s") << " wait:";
+    for (int g = 0, shown = 0; g < ntbs && shown < 32; ++g)
+      if (S.waitActive[g]) { o << "\n  " << describeWait(plan, g, S.waits[g]); shown++; }
+    rep.outcome = Outcome::Deadlock;
+    rep.message = o.str();
+    return rep;
+  }
+  for (auto& st : stages) ck(cudaMemcpy(st.host, st.dev, st.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  return rep;
+}
+
 }  // namespace
+
+struct CudaCache {
+  std::mutex mu;
+  std::list<std::unique_ptr<CudaState>> states;  // most recently used first
+  // Launch shapes kept: a job cycles through a few sizes and collectives; each state holds its FIFOs.
+  static constexpr size_t kMaxStates = 8;
+};
+
+CudaCache* newCudaCache() { return new CudaCache(); }
+void freeCudaCache(CudaCache* cache) { delete cache; }
 
 bool cudaAvailable() {
   int n = 0;
@@ -443,8 +771,13 @@ bool cudaMemcpyUs(int64_t bytes, int iters, double* us) {
   }
 }
 
-RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers, const RunOptions& opt) {
+RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers, const RunOptions& opt,
+                  CudaCache* cache) {
   RunReport rep;
+  std::unique_ptr<CudaState> own;  // the state of a call without a cache
+  CudaState* state = nullptr;
+  std::unique_lock<std::mutex> lock;
+  if (cache) lock = std::unique_lock<std::mutex>(cache->mu);
   try {
     KernelFn kernel = pickInstance<KernelOf>(plan.call.dtype, plan.call.op);
     if (!kernel) throw CudaFailure("unknown data type or reduction operator");
@@ -452,22 +785,6 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
     ck(cudaGetDeviceCount(&visible), "cudaGetDeviceCount");
     const int ndev = opt.cudaDevices > 0 && opt.cudaDevices < visible ? opt.cudaDevices : visible;
     const int R = plan.prog->ngpus;
-    auto devOf = [&](int rank) { return rank % ndev; };
-    // Peer access for the GPU pairs the program's connections join, both ways (the sender writes the data
-    // and head on the receiver's GPU, the receiver the tail on the sender's), and for no other pair.
-    std::set<std::pair<int, int>> pairs;
-    for (auto& c : plan.conns) {
-      const int a = devOf(c.sendRank), b = devOf(c.recvRank);
-      if (a != b) pairs.insert({a, b}), pairs.insert({b, a});
-    }
-    for (auto [a, b] : pairs) {
-      int can = 0;
-      ck(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
-      if (!can)
-        throw CudaFailure("GPU " + std::to_string(a) + " cannot access GPU " + std::to_string(b) +
-                          " (peer access), which connections between their ranks need");
-      enablePeerAccess(a, b);
-    }
     // The caller's device buffers must be device memory of the rank's GPU: a wrong pointer would fault and
     // end the CUDA context of the whole process.
     if (!hostBuffers)
@@ -482,179 +799,47 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
           if (at.type == cudaMemoryTypeManaged) continue;
           if (at.type != cudaMemoryTypeDevice)
             throw CudaFailure("rank " + std::to_string(r) + "'s " + what + " buffer is not device memory");
-          if (at.device != devOf(r))
+          if (at.device != r % ndev)
             throw CudaFailure("rank " + std::to_string(r) + "'s " + what + " buffer is on GPU " +
                               std::to_string(at.device) + ", but rank " + std::to_string(r) + " runs on GPU " +
-                              std::to_string(devOf(r)));
+                              std::to_string(r % ndev));
         }
-    DeviceAllocs al;
     // LL runs its line protocol: every 8 payload bytes travel with their call's flag in one 16-byte store.
     const int lines = plan.prog->proto == Proto::LL ? 1 : 0;
-    const int ntbs = (int)plan.tbs.size();
-    const int nconns = (int)plan.conns.size();
-    // Buffers: the user's device pointers, or staged copies of host buffers (in-place aliasing preserved by
-    // staging one span that covers both).
-    std::vector<char*> bufs = userBufs;
-    struct Stage { char* host; char* dev; size_t bytes; };
-    std::vector<Stage> stages;
-    for (int r = 0; r < R; ++r) {
-      const int dev = devOf(r);
-      if (hostBuffers) {
-        char* s = userBufs[r * 3 + BUF_I];
-        char* o = userBufs[r * 3 + BUF_O];
-        const size_t inB = (size_t)plan.inElems[r] * plan.typeSize, outB = (size_t)plan.outElems[r] * plan.typeSize;
-        if (plan.call.inplace) {
-          char* lo = s < o ? s : o;
-          char* hi = s + inB > o + outB ? s + inB : o + outB;
-          char* d = (char*)al.alloc(dev, hi - lo);
-          stages.push_back({lo, d, (size_t)(hi - lo)});
-          bufs[r * 3 + BUF_I] = d + (s - lo);
-          bufs[r * 3 + BUF_O] = d + (o - lo);
-        } else {
-          char* di = (char*)al.alloc(dev, inB);
-          char* dout = (char*)al.alloc(dev, outB);
-          stages.push_back({s, di, inB});
-          stages.push_back({o, dout, outB});
-          bufs[r * 3 + BUF_I] = di;
-          bufs[r * 3 + BUF_O] = dout;
+    const LaunchShape shape{plan.prog, plan.S, plan.C, plan.M, plan.call.dtype, plan.call.op, ndev, lines,
+                            opt.direct && !lines,  // LL lines carry their flags in the FIFO slot
+                            plan.typeSize, opt.timeoutMs};
+    if (cache) {
+      auto& list = cache->states;
+      for (auto it = list.begin(); it != list.end(); ++it)
+        if ((*it)->shape == shape) {
+          list.splice(list.begin(), list, it);
+          state = list.front().get();
+          break;
         }
+      if (!state) {
+        if (list.size() >= CudaCache::kMaxStates) list.pop_back();
+        std::unique_ptr<CudaState> built;
+        try {
+          built = buildState(plan, shape, kernel, opt);
+        } catch (const CudaFailure&) {
+          // out of device memory, maybe for the states kept: release them and try once more
+          cudaGetLastError();
+          list.clear();
+          built = buildState(plan, shape, kernel, opt);
+        }
+        list.push_front(std::move(built));
+        state = list.front().get();
       }
-      if (plan.scratchElems[r] > 0) bufs[r * 3 + BUF_S] = (char*)al.alloc(dev, (size_t)plan.scratchElems[r] * plan.typeSize);
-    }
-    for (auto& st : stages) ck(cudaMemcpy(st.dev, st.host, st.bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-    // Connections: head and data on the receiver's GPU, tail on the sender's.
-    std::vector<Conn> conns(nconns);
-    for (int c = 0; c < nconns; ++c) {
-      const int recvDev = devOf(plan.conns[c].recvRank), sendDev = devOf(plan.conns[c].sendRank);
-      uint64_t* head = (uint64_t*)al.alloc(recvDev, kCounterStride * sizeof(uint64_t));
-      uint64_t* tail = (uint64_t*)al.alloc(sendDev, kCounterStride * sizeof(uint64_t));
-      char* data = (char*)al.alloc(recvDev, (size_t)plan.nslots * plan.slotBytes * (lines ? 2 : 1));
-      conns[c] = Conn{head, tail, data, plan.conns[c].sendRank, plan.conns[c].recvRank, plan.conns[c].chan,
-                      recvDev == sendDev};
-    }
-    int* abortFlag = (int*)al.mapped(sizeof(int));
-    WaitInfo* waits = (WaitInfo*)al.mapped(sizeof(WaitInfo) * (ntbs ? ntbs : 1));
-    int* waitActive = (int*)al.mapped(sizeof(int) * (ntbs ? ntbs : 1));
-    struct PerDev {
-      LaunchArgs a;
-      DevCtl ctl;
-      int grid = 0, threads = 0;
-      cudaStream_t stream = nullptr;
-      cudaEvent_t start = nullptr, stop = nullptr;
-      cudaError_t launch = cudaSuccess;
-    };
-    std::vector<PerDev> per(ndev);
-    for (int d = 0; d < ndev; ++d) {
-      std::vector<int> map;
-      for (int g = 0; g < ntbs; ++g)
-        if (devOf(plan.tbs[g].rank) == d) map.push_back(g);
-      per[d].grid = (int)map.size();
-      if (map.empty()) continue;
-      ck(cudaSetDevice(d), "cudaSetDevice");
-      int perSM = 0, sms = 0, coop = 0;
-      ck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d), "cudaDeviceGetAttribute");
-      ck(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, d), "cudaDeviceGetAttribute");
-      for (int threads : kThreadChoices) {
-        ck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, kernel, threads, 0), "cudaOccupancy");
-        per[d].threads = threads;
-        if ((int64_t)perSM * sms >= (int64_t)map.size()) break;
-      }
-      if ((int64_t)perSM * sms < (int64_t)map.size())
-        throw CudaFailure("GPU " + std::to_string(d) + " cannot hold " + std::to_string(map.size()) +
-                          " co-resident thread blocks (" + std::to_string(perSM) + " per SM of " +
-                          std::to_string(per[d].threads) + " threads x " + std::to_string(sms) + " SMs)");
-      LaunchArgs a{};
-      a.steps = toDevice(al, d, plan.steps);
-      a.tbs = toDevice(al, d, plan.tbs);
-      a.ntbs = ntbs;
-      a.conns = toDevice(al, d, conns);
-      a.nslots = plan.nslots;
-      a.slotBytes = lines ? 2 * plan.slotBytes : plan.slotBytes;
-      a.lines = lines;
-      a.direct = opt.direct && !lines;  // LL lines carry their flags in the FIFO slot
-      a.bufs = toDevice(al, d, bufs);
-      a.flags = (uint64_t*)al.alloc(d, (size_t)ntbs * kCounterStride * sizeof(uint64_t));
-      a.S = plan.S;
-      a.C = plan.C;
-      a.M = plan.M;
-      DevCtl ctl{};
-      int* dAbort = nullptr;
-      ck(cudaHostGetDevicePointer((void**)&dAbort, abortFlag, 0), "cudaHostGetDevicePointer");
-      ck(cudaHostGetDevicePointer((void**)&ctl.waits, waits, 0), "cudaHostGetDevicePointer");
-      ck(cudaHostGetDevicePointer((void**)&ctl.waitActive, waitActive, 0), "cudaHostGetDevicePointer");
-      ctl.abort = dAbort;
-      ctl.blockMap = toDevice(al, d, map);
-      ctl.progress = (unsigned long long*)al.alloc(d, sizeof(unsigned long long));
-      ctl.timeoutNs = (unsigned long long)opt.timeoutMs * 1000000ull;
-      per[d].a = a;
-      per[d].ctl = ctl;
-      per[d].stream = al.stream(d);
-      per[d].start = al.event(d);
-      per[d].stop = al.event(d);
-      if (!coop) throw CudaFailure("GPU " + std::to_string(d) + " does not support cooperative launch");
-    }
-    for (int d = 0; d < ndev; ++d) {
-      ck(cudaSetDevice(d), "cudaSetDevice");
-      ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    }
-    // Each GPU's kernel is launched by its own host thread: the kernels wait for each other, so a launch
-    // that blocks until its kernel ends (CUDA_LAUNCH_BLOCKING=1, a serialising tool) must not hold back
-    // the next GPU's launch. A failed launch sets the abort flag, so the kernels already running stop at
-    // their next wait instead of spinning until the watchdog.
-    auto launch = [&](int d) {
-      PerDev& pd = per[d];
-      void* args[] = {&pd.a, &pd.ctl};
-      cudaError_t e = cudaSetDevice(d);
-      if (e == cudaSuccess) e = cudaEventRecord(pd.start, pd.stream);
-      if (e == cudaSuccess)
-        e = cudaLaunchCooperativeKernel((const void*)kernel, dim3(pd.grid), dim3(pd.threads), args, 0, pd.stream);
-      if (e == cudaSuccess) e = cudaEventRecord(pd.stop, pd.stream);
-      if (e != cudaSuccess) {
-        pd.launch = e;
-        *(volatile int*)abortFlag = 1;
-      }
-    };
-    std::vector<int> active;
-    for (int d = 0; d < ndev; ++d)
-      if (per[d].grid) active.push_back(d);
-    if (active.size() == 1) {
-      launch(active[0]);
     } else {
-      std::vector<std::thread> launchers;
-      for (int d : active) launchers.emplace_back(launch, d);
-      for (auto& t : launchers) t.join();
+      own = buildState(plan, shape, kernel, opt);
+      state = own.get();
     }
-    // The call's time: the longest kernel, timed by CUDA events on its GPU.
-    rep.elapsedUs = 0;
-    std::string failure;
-    for (int d : active) {
-      ck(cudaSetDevice(d), "cudaSetDevice");
-      cudaError_t e = per[d].launch != cudaSuccess ? per[d].launch : cudaStreamSynchronize(per[d].stream);
-      if (e != cudaSuccess) {
-        if (failure.empty())
-          failure = "GPU " + std::to_string(d) + (per[d].launch != cudaSuccess ? " launch: " : " kernel: ") +
-                    cudaGetErrorString(e);
-        continue;
-      }
-      float ms = 0;
-      ck(cudaEventElapsedTime(&ms, per[d].start, per[d].stop), "cudaEventElapsedTime");
-      rep.elapsedUs = std::max(rep.elapsedUs, ms * 1000.0);
-    }
-    if (!failure.empty()) throw CudaFailure(failure);
-    if (*abortFlag) {
-      std::ostringstream o;
-      int n = 0;
-      for (int g = 0; g < ntbs; ++g) n += waitActive[g] != 0;
-      o << plan.prog->path << ": deadlock: the watchdog stopped the program after " << opt.timeoutMs
-        << " ms without progress; " << n << " thread block" << (n == 1 ? "" : "s") << " wait:";
-      for (int g = 0, shown = 0; g < ntbs && shown < 32; ++g)
-        if (waitActive[g]) { o << "\n  " << describeWait(plan, g, waits[g]); shown++; }
-      rep.outcome = Outcome::Deadlock;
-      rep.message = o.str();
-      return rep;
-    }
-    for (auto& st : stages) ck(cudaMemcpy(st.host, st.dev, st.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    rep = runOnState(*state, plan, userBufs, hostBuffers, opt);
+    if (rep.outcome != Outcome::Done && cache) cache->states.remove_if([&](auto& s) { return s.get() == state; });
   } catch (const CudaFailure& e) {
+    // a failed run may have left its state half-done: never reuse it
+    if (cache && state) cache->states.remove_if([&](auto& s) { return s.get() == state; });
     rep.outcome = Outcome::Failed;
     rep.message = std::string("CUDA backend: ") + e.what();
   }

@@ -58,8 +58,17 @@ struct RunReport {
 
 // bufs[r*3 + BufKind]: input, output and scratch of each rank (scratch may be null: the backend allocates).
 RunReport runHost(const Plan& plan, const std::vector<char*>& bufs, const RunOptions& opt);
-// Device pointers; host == true means bufs are host memory to stage through the GPUs.
-RunReport runCuda(const Plan& plan, const std::vector<char*>& bufs, bool hostBuffers, const RunOptions& opt);
+
+// What the CUDA backend keeps between calls of one runtime handle (a communicator): per launch shape, the
+// device tables, FIFOs, counters, scratch and staging buffers, streams and events, so that a repeated call
+// only resets its counters. Null where the library has no CUDA backend.
+struct CudaCache;
+CudaCache* newCudaCache();
+void freeCudaCache(CudaCache* cache);
+// Device pointers; host == true means bufs are host memory to stage through the GPUs. `cache` may be null
+// (everything is allocated for this call and released after it).
+RunReport runCuda(const Plan& plan, const std::vector<char*>& bufs, bool hostBuffers, const RunOptions& opt,
+                  CudaCache* cache);
 bool cudaAvailable();
 // Average us of a GPU0->GPU1 (or GPU0->GPU0) cudaMemcpy; false without CUDA.
 bool cudaMemcpyUs(int64_t bytes, int iters, double* us);

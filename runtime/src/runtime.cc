@@ -137,7 +137,11 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
     bufs[r * 3 + BUF_I] = (char*)send[r];
     bufs[r * 3 + BUF_O] = (char*)recv[r];
   }
-  if (backend == 1) return runCuda(plan, bufs, hostBuffers, run);
+  if (backend == 1) {
+    if (cudaCache && !cudaCache_) cudaCache_.reset(newCudaCache());
+    if (!cudaCache) cudaCache_.reset();
+    return runCuda(plan, bufs, hostBuffers, run, cudaCache_.get());
+  }
   return runHost(plan, bufs, run);
 }
 

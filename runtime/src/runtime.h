@@ -15,6 +15,7 @@ class Runtime {
   RunOptions run;
   int64_t tileBytes = 0;
   bool analysis = true;
+  bool cudaCache = true;  // keep the CUDA backend's per-shape state between calls
 
   Runtime();
   void loadFile(const std::string& path);        // throws ProgramError
@@ -28,6 +29,11 @@ class Runtime {
 
  private:
   std::vector<std::unique_ptr<Program>> programs_;
+  // the CUDA backend's state kept between calls (declared before nothing it depends on: freed first)
+  struct FreeCudaCache {
+    void operator()(CudaCache* c) const { freeCudaCache(c); }
+  };
+  std::unique_ptr<CudaCache, FreeCudaCache> cudaCache_;
 };
 
 bool detectInPlace(Coll coll, int nranks, int64_t count, size_t tsize, void* const* send, void* const* recv,
