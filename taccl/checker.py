@@ -83,8 +83,9 @@ RULES = {
     "algo.collective": "coll is a collective the target runtime knows",
     "algo.window": "0 <= minBytes <= maxBytes (maxBytes 0 = unbounded)",
     "algo.selectable": "the program serves in-place or out-of-place calls (legacy: exactly one)",
-    "target": "what the target runtime refuses beyond its dialect (taccl.targets; RCCL: fused steps, more than "
-              "64 thread blocks a rank)",
+    "target": "what the target runtime refuses or runs otherwise beyond its dialect (taccl.targets; RCCL: fused "
+              "steps, more than 64 thread blocks a rank; legacy: an unbounded window with scratch; any: a rooted "
+              "program, which every MSCCL runtime would also run for other roots)",
     "algo.proto": "proto is Simple, LL or LL128",
     "gpu.chunks": "i_chunks/o_chunks/s_chunks >= 0 and consistent with the collective (legacy: exactly; "
                   "executor: at most the buffer, a smaller count is a warning)",
@@ -1266,11 +1267,14 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
         ctx.add(ERROR, "algo.ranks", f"root {root} is not a rank", fatal=True)
     _check_rules(ctx, dialect, max_steps, max_threadblocks, sm_count, coll, max_nodes)
     if target is not None:
-        from .targets import get_target, target_problems
+        from .targets import get_target, rooted_problem, target_problems
 
         target = get_target(target) if isinstance(target, str) else target
         for rank, message in target_problems(program, target):
             ctx.add(ERROR, "target", message, rank=rank)
+        why = rooted_problem(program, target)
+        if why:
+            ctx.add(ERROR, "target", why)
     report.stats = {"ranks": len(program.gpus), "threadblocks": sum(len(g.threadblocks) for g in program.gpus),
                     "steps": program.nsteps}
     ix = None

@@ -57,3 +57,8 @@ def peak_memory_mb() -> float:
 
 
 SILENT = Reporter(quiet=True)
+
+
+def warn(message: str) -> None:
+    """A note or warning the user must see whatever --quiet says (stderr, one line, prefixed taccl:)."""
+    print(f"taccl: {message}", file=sys.stderr, flush=True)

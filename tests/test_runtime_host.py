@@ -322,3 +322,26 @@ def test_overlapping_step_refused_by_runtime_and_checker(tmp_path, inplace, src,
     else:
         assert r.returncode == 0, r.stderr
         assert main(["check", str(path), "-q"]) == 0
+
+
+def test_rooted_program_runs_only_for_its_root(tmp_path):
+    """No MSCCL runtime reads root (a root-0 Broadcast would serve a root-2 call, wrongly); taccl's runtime
+    selects and runs a rooted program only for calls with its root."""
+    runtime = rt_mod()
+    text = (DATA / "chain_broadcast_4.xml").read_text()
+    assert "root=" not in text  # root 0 when absent
+    two = tmp_path / "bcast-root2.xml"
+    two.write_text(text.replace('coll="broadcast"', 'coll="broadcast" root="2"'))
+    assert runtime.run_program(DATA / "chain_broadcast_4.xml", size=4 * 64, dtype="int32", root=0)["wrong"] == 0
+    with pytest.raises(UserError, match="program for root 0 cannot run a call with root 2"):
+        runtime.run_program(DATA / "chain_broadcast_4.xml", size=4 * 64, dtype="int32", root=2)
+    with pytest.raises(UserError, match="program for root 2 cannot run a call with root 0"):
+        runtime.run_program(two, size=4 * 64, dtype="int32", root=0)
+    with runtime.Runtime() as rt:  # selection: the file for the call's root, whatever the load order
+        first, second = rt.load(DATA / "chain_broadcast_4.xml"), rt.load(two)
+        for root, want in ((0, first), (2, second)):
+            inputs = runtime.make_inputs("broadcast", "int32", "sum", 4, 64, seed=root)
+            out = rt.run_raw("broadcast", "int32", "sum", inputs, root=root)
+            assert out.status == "done" and out.program == want, out.message
+        out = rt.run_raw("broadcast", "int32", "sum", runtime.make_inputs("broadcast", "int32", "sum", 4, 64, 1), root=1)
+        assert out.status == "no_match" and "root 1" in out.message

@@ -106,7 +106,8 @@ tacclStatus tacclGetProgramInfo(const tacclRuntime* h, int index, tacclProgramIn
 
 /* Selection as the MSCCL executor does it: first program (in load order) whose coll, ngpus, in-place flag
  * and size window match and for which count*mult is divisible by nchunksperloop. nbytes is the size of the
- * larger buffer. *index = -1 when nothing matches (TACCL_OK is still returned). */
+ * larger buffer. *index = -1 when nothing matches (TACCL_OK is still returned). Broadcast and reduce: programs
+ * for root 0 (tacclRun selects by the call's root). */
 tacclStatus tacclSelect(const tacclRuntime* h, int coll, int nranks, int64_t count, int dtype, int inplace,
                         int* index);
 
@@ -117,7 +118,8 @@ tacclStatus tacclSelect(const tacclRuntime* h, int coll, int nranks, int64_t cou
  *   In-place is detected from the pointers as NCCL does (allreduce/alltoall/broadcast/reduce: send == recv;
  *   allgather: send == recv + r*count; reducescatter: recv == send + r*count), and must agree on all ranks.
  *   program: an index to force that program (refused if it does not fit the call), or -1 to select.
- *   root: for broadcast and reduce, informational (the program encodes its root).
+ *   root: for broadcast and reduce, the call's root: only a program written for that root (its root
+ *     attribute, 0 when absent) is selected or run (the MSCCL runtimes ignore root).
  * The call status is TACCL_OK whenever result->outcome was set; result may not be NULL. */
 tacclStatus tacclRun(tacclRuntime* h, int program, int coll, int dtype, int op, int nranks, int64_t count,
                      void* const* sendbufs, void* const* recvbufs, int root, tacclRunResult* result);

@@ -38,6 +38,7 @@ struct Program {
   Proto proto = Proto::Simple;
   int nchannels = 1, nchunks = 1, ngpus = 1;
   bool inplace = false, outofplace = true;
+  int root = 0;  // broadcast and reduce: the root the program is written for (attribute root, default 0)
   int64_t minBytes = 0, maxBytes = 0;  // maxBytes 0 = unbounded, else inclusive
   std::vector<RankProgram> ranks;      // indexed by rank id
 

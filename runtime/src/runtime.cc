@@ -44,7 +44,9 @@ int Runtime::loadFromEnv() {
   return n;
 }
 
-int Runtime::select(Coll coll, int nranks, int64_t count, int dtype, bool inplace) const {
+bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
+
+int Runtime::select(Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root) const {
   const size_t ts = typeSize(dtype);
   if (count <= 0 || !ts) return -1;
   const int64_t N = count * sizeMultiplier(coll, nranks);
@@ -53,6 +55,7 @@ int Runtime::select(Coll coll, int nranks, int64_t count, int dtype, bool inplac
     const Program& p = *programs_[i];
     if (p.coll != coll || p.ngpus != nranks) continue;
     if (inplace ? !p.inplace : !p.outofplace) continue;
+    if (rooted(coll) && p.root != root) continue;
     if (N % p.nchunks != 0) continue;
     if (nBytes < p.minBytes) continue;
     if (p.maxBytes != 0 && nBytes > p.maxBytes) continue;
@@ -102,19 +105,23 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
   std::string err;
   bool inplace = detectInPlace(coll, nranks, count, typeSize(dtype), send, recv, &err);
   if (!err.empty()) return failed(err);
+  if (rooted(coll) && (root < 0 || root >= nranks)) return failed("root " + std::to_string(root) + " is not a rank");
   if (program < 0) {
-    program = select(coll, nranks, count, dtype, inplace);
+    program = select(coll, nranks, count, dtype, inplace, root);
     if (program < 0) {
       rep.outcome = Outcome::NoMatch;
       std::ostringstream o;
       o << "no loaded program matches " << collName(coll) << " with " << nranks << " ranks, "
         << count * sizeMultiplier(coll, nranks) * (int64_t)typeSize(dtype) << " bytes, "
-        << (inplace ? "in-place" : "out-of-place");
+        << (inplace ? "in-place" : "out-of-place") << (rooted(coll) ? ", root " + std::to_string(root) : "");
       rep.message = o.str();
       return rep;
     }
   } else if (program >= (int)programs_.size()) {
     return failed("no program with index " + std::to_string(program));
+  } else if (rooted(coll) && programs_[program]->root != root) {
+    return failed(programs_[program]->path + ": a " + collName(coll) + " program for root " +
+                  std::to_string(programs_[program]->root) + " cannot run a call with root " + std::to_string(root));
   }
   *chosen = program;
   CallSpec call;

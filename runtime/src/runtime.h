@@ -22,7 +22,8 @@ class Runtime {
   int loadFromEnv();                             // throws ProgramError; all or nothing
   const std::vector<std::unique_ptr<Program>>& programs() const { return programs_; }
   // First matching program or -1 (msccl-xml.md 2.2).
-  int select(Coll coll, int nranks, int64_t count, int dtype, bool inplace) const;
+  // Rooted collectives (broadcast, reduce) match the program's root too.
+  int select(Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root = 0) const;
   // bufs: per rank send and recv pointers. Detects in-place from the pointers.
   RunReport runCall(int program, Coll coll, int dtype, int op, int nranks, int64_t count, void* const* send,
                     void* const* recv, int root, bool hostBuffers, int* chosen, int64_t* tiles);

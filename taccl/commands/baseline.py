@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from ..baselines import BASELINES, build
 from ..fileio import check_output_file
-from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, serve_inplace, write_program
+from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
+from ..progress import warn
+from ..targets import add_target_argument, prepare_for_target, target_of_args
 from ..topology import load_topology
-from ..xmlio import DIALECTS
 
 
 def register(subparsers) -> None:
@@ -22,23 +23,24 @@ def register(subparsers) -> None:
     p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default="Simple")
     p.add_argument("--max-tbs", type=int, default=None,
                    help=f"thread blocks per rank at most (default: the topology's SM count, else {DEFAULT_MAX_TBS})")
-    p.add_argument("--dialect", choices=DIALECTS, default="executor")
+    add_target_argument(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE.xml")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    target = target_of_args(args)
     check_output_file(args.output)
     topo = load_topology(args.topology, args.nodes, where="--topology")
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
-                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec))
-    if args.dialect == "executor":  # (the legacy runtime serves one call kind per file)
-        serve_inplace(program)  # declared for in-place calls (DDP's AllReduce) only where proven so
-    write_program(program, args.output, dialect=args.dialect)
+                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec), target=target.name)
+    prepare_for_target(program, target, report=warn)
+    write_program(program, args.output, target=target.name)
     if not args.quiet:
         print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "
-              f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked"
+              f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked for "
+              f"{target.name}"
               f"{' (in place too)' if program.inplace else ''}")
     return 0

@@ -72,11 +72,12 @@ def run(args) -> int:
         print(f"selection: {out / 'selection.csv'}  report: {out / 'report.md'}")
         if env:
             print("tell the runtime:")
-            print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # MSCCL executor, RCCL")
+            print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # the MSCCL executor")
             for ranks, files in env.items():
                 n = files.count(":") + 1
-                legacy = "legacy MSCCL" if n <= 4 else "legacy MSCCL reads only the first 4"
-                print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs, {n} file(s): taccl runtime; {legacy}")
+                print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs, {n} file(s): taccl's runtime")
+            print("  (executor-dialect files: legacy MSCCL reads their windows otherwise, and RCCL refuses fused "
+                  "steps; see docs/targets.md)")
         if result.failed:
             print(f"{result.failed} job(s) failed; their reasons are in the report (their sizes use the best "
                   f"remaining program)")

@@ -1,29 +1,36 @@
-"""`taccl check FILE.xml ...`: prove MSCCL XML programs correct.
+"""`taccl check FILE.xml|DIR ...`: prove MSCCL XML programs correct.
+
+A directory is checked as the target runtime loads it (`taccl.targets.load_order`): every file it would
+read, in its order, and what goes wrong when they are loaded together (`directory_problems`).
 
 Exit codes: 0 every file passes (warnings allowed), 1 some check fails, 2 a file cannot be read.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ..checker import check_program
 from ..errors import UserError
 from ..program import MAX_NODES
-from ..targets import TARGETS, get_target
+from ..targets import DEFAULT_TARGET, TARGETS, directory_problems, get_target, load_order
 from ..xmlio import DIALECTS, read_xml
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("check", help="prove an MSCCL XML program implements its collective and obeys the "
                                             "runtime's rules")
-    p.add_argument("files", nargs="+", metavar="FILE.xml")
+    p.add_argument("files", nargs="+", metavar="FILE.xml|DIR",
+                   help="programs, or directories checked as the target runtime loads them (MSCCL_ALGO_DIR; "
+                        "for msccl-legacy the *.xml files as the MSCCL_XML_FILES list)")
     p.add_argument("--json", action="store_true", help="print one JSON report per file (a list)")
     p.add_argument("--dialect", choices=DIALECTS, default=None,
                    help="read and check for this runtime (default: detect; 'outofplace' present = executor)")
     p.add_argument("--target", choices=sorted(TARGETS), default=None,
-                   help="also refuse what this runtime refuses beyond its dialect (rccl: fused steps, more than 64 "
-                        "thread blocks a rank); reads the target's dialect")
+                   help="also refuse what this runtime refuses or runs otherwise beyond its dialect (rccl: fused "
+                        "steps, more than 64 thread blocks a rank; msccl-legacy: an unbounded window with scratch; "
+                        "all: rooted programs); reads the target's dialect")
     p.add_argument("--max-steps", type=int, default=None, help="steps per tb allowed (default: 64 executor, "
                                                                 "256 legacy)")
     p.add_argument("--max-nodes", type=int, default=MAX_NODES,
@@ -61,41 +68,64 @@ def run(args) -> int:
     if args.target and args.dialect and args.dialect != get_target(args.target).dialect:
         raise UserError(f"target {args.target} reads the {get_target(args.target).dialect} dialect, not "
                         f"{args.dialect}", where="--dialect")
-    worst = 0
     docs = []
+    single = len(args.files) == 1 and not os.path.isdir(args.files[0])
+    worst = 0
     for path in args.files:
-        try:
-            parsed, report = check_file(path, dialect=args.dialect, max_steps=args.max_steps,
-                                        max_nodes=args.max_nodes, root=args.root, tiles=args.tiles,
-                                        rendezvous=not args.no_rendezvous, target=args.target)
-        except UserError as exc:
-            if len(args.files) == 1 and not args.json:
-                raise
-            worst = max(worst, 2)
+        if not os.path.isdir(path):
+            worst = max(worst, _check_one(args, path, docs, single)[0])
+            continue
+        target = get_target(args.target or DEFAULT_TARGET)
+        loaded = []
+        for f in load_order(path, target):
+            code, program = _check_one(args, str(f), docs, False)
+            worst = max(worst, code)
+            loaded.append((f, program))
+        problems = directory_problems(loaded, target)
+        for severity, where, message in problems:
             if args.json:
-                docs.append({"file": path, "ok": False, "unreadable": str(exc)})
-            else:
-                print(f"{exc}", file=sys.stderr)
-            continue
-        code = 0 if report.ok else 1
-        worst = max(worst, code)
-        if args.json:
-            doc = {"file": path, "dialect": parsed.dialect, **report.to_dict(),
-                   "notes": [{"line": n.line, "message": n.message} for n in parsed.notes]}
-            docs.append(doc)
-            continue
-        for n in parsed.notes:
-            if not args.quiet:
-                print(f"{path}:{n.line}: note: {n.message}")
-        for f in report.findings:
-            if args.quiet and f.severity != "error":
-                continue
-            line = f"{path}:{f.line}:" if f.line is not None else f"{path}:"
-            loc = f.location()
-            print(f"{line} {f.severity} [{f.rule}]{' ' + loc if loc else ''}: {f.message}")
-        for rule, n in report.suppressed.items():
-            print(f"{path}: ... {n} more [{rule}] finding(s) not shown")
-        print(f"{path}: {parsed.dialect} {report.summary()}")
+                docs.append({"directory": path, "file": where, "severity": severity, "rule": "directory",
+                             "message": message})
+            elif severity == "error" or not args.quiet:
+                print(f"{where}: {severity} [directory]: {message}")
+        errors = sum(s == "error" for s, _, _ in problems)
+        worst = max(worst, 1 if errors else 0)
+        if not args.json:
+            print(f"{path}: {len(loaded)} file(s) as {target.name} loads them: "
+                  f"{'OK' if not errors else f'{errors} directory error(s)'}")
     if args.json:
         print(json.dumps(docs, indent=1))
     return worst
+
+
+def _check_one(args, path: str, docs: list, single: bool) -> tuple:
+    """Check one file and print (or collect) its findings: (exit code, the Program or None if unreadable)."""
+    try:
+        parsed, report = check_file(path, dialect=args.dialect, max_steps=args.max_steps, max_nodes=args.max_nodes,
+                                    root=args.root, tiles=args.tiles, rendezvous=not args.no_rendezvous,
+                                    target=args.target)
+    except UserError as exc:
+        if single and not args.json:
+            raise
+        if args.json:
+            docs.append({"file": path, "ok": False, "unreadable": str(exc)})
+        else:
+            print(f"{exc}", file=sys.stderr)
+        return 2, None
+    if args.json:
+        docs.append({"file": path, "dialect": parsed.dialect, **report.to_dict(),
+                     "notes": [{"line": n.line, "message": n.message} for n in parsed.notes]})
+        return (0 if report.ok else 1), parsed.program
+    for n in parsed.notes:
+        if not args.quiet:
+            print(f"{path}:{n.line}: note: {n.message}")
+    for f in report.findings:
+        if args.quiet and f.severity != "error":
+            continue
+        line = f"{path}:{f.line}:" if f.line is not None else f"{path}:"
+        loc = f.location()
+        print(f"{line} {f.severity} [{f.rule}]{' ' + loc if loc else ''}: {f.message}")
+    for rule, n in report.suppressed.items():
+        print(f"{path}: ... {n} more [{rule}] finding(s) not shown")
+    print(f"{path}: {parsed.dialect} {report.summary()}")
+    return (0 if report.ok else 1), parsed.program

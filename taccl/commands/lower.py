@@ -10,10 +10,10 @@ from pathlib import Path
 from ..algorithm import Algorithm
 from ..errors import UserError, about_file
 from ..fileio import check_output_file, load_json
-from ..lowering import (AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, serve_inplace,
-                        write_program)
+from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
+from ..progress import warn
+from ..targets import add_target_argument, prepare_for_target, target_of_args
 from ..units import SIZE_HELP, parse_size
-from ..xmlio import DIALECTS
 
 
 def register(subparsers) -> None:
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
                    help="split every chunk N ways on N channel sets (default: the algorithm's, 1 if unset)")
     p.add_argument("--proto", choices=("Simple", "LL", "LL128"), default=None,
                    help="NCCL protocol (default: the one the algorithm was synthesized for, Simple if unset)")
-    p.add_argument("--dialect", choices=DIALECTS, default="executor", help="XML dialect (default executor)")
+    add_target_argument(p)
     p.add_argument("--min-bytes", default="0", help=f"smallest buffer size the runtime selects this for (default 0; {SIZE_HELP})")
     p.add_argument("--max-bytes", default="0", help=f"largest buffer size, inclusive; 0 = unbounded (default; {SIZE_HELP})")
     p.add_argument("--max-tbs", type=int, default=None,
@@ -59,6 +59,7 @@ def default_output(algo_path: str) -> Path:
 def run(args) -> int:
     if args.no_fusion and args.fusion not in ("auto", "none"):
         raise UserError(f"--no-fusion and --fusion {args.fusion} contradict each other: give one of them")
+    target = target_of_args(args)
     out = check_output_file(args.output if args.output else default_output(args.algorithm))
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
     try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
@@ -71,12 +72,12 @@ def run(args) -> int:
         program = lower(algo, instances=args.instances, proto=args.proto, min_bytes=min_bytes, max_bytes=max_bytes,
                         max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
                         topology=topology, fusion="none" if args.no_fusion else args.fusion,
-                        block_steps=args.block_steps)
-    if args.dialect == "executor":  # (the legacy runtime serves one call kind per file)
-        serve_inplace(program)  # declared for in-place calls (DDP's AllReduce) only where proven so
-    write_program(program, out, dialect=args.dialect)
+                        block_steps=args.block_steps, target=target.name)
+    prepare_for_target(program, target, report=warn)
+    write_program(program, out, target=target.name)
     if not args.quiet:
         print(f"{out}: {program.collective} on {program.ngpus} ranks, {program.nchannels} channel(s), "
-              f"{program.max_threadblocks} thread block(s) per rank at most, {program.nsteps} steps; checked"
+              f"{program.max_threadblocks} thread block(s) per rank at most, {program.nsteps} steps; checked for "
+              f"{target.name}"
               f"{' (in place too)' if program.inplace else ''}")
     return 0

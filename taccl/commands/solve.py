@@ -9,6 +9,7 @@ from ..fileio import check_output_dir, check_output_name, write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import SOLVERS
+from ..targets import add_target_argument, prepare_for_target, target_of_args
 from ..units import SIZE_HELP, parse_size
 
 
@@ -41,6 +42,7 @@ def register(sub):
     p.add_argument("--max-memory", metavar="SIZE", default=None,
                    help="refuse, before solving, a problem whose synthesis is estimated to need more memory "
                         f"than this, e.g. 8G (default: this machine's memory; {SIZE_HELP})")
+    add_target_argument(p)
     p.add_argument("-o", "--output", default=".", metavar="OUTDIR", help="output directory (default .)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
@@ -61,6 +63,7 @@ def run(args) -> int:
     if args.max_extra_hops is not None and args.max_extra_hops < 0:
         raise UserError("must be 0 (minimal routes only) or more", where="--max-extra-hops")
     report = Reporter(quiet=args.quiet or args.json)
+    target = target_of_args(args)
     sketch = load_sketch(args.sketch)
     if args.instances is not None and not 1 <= args.instances <= 32:
         raise UserError("must be between 1 and 32", where="--instances")
@@ -76,7 +79,7 @@ def run(args) -> int:
     xml_path = None
     program = None
     if not args.no_xml:
-        program = _lower(algo, args, report)
+        program = _lower(algo, target, report)
     # Everything is proven before anything is written.
     algo_path = write_json(out / f"{name}.algo.json", algo.to_json())
     written = [str(algo_path)]
@@ -84,7 +87,7 @@ def run(args) -> int:
         from ..lowering import write_program
 
         xml_path = out / f"{name}.xml"
-        write_program(program, xml_path)
+        write_program(program, xml_path, target=target.name)
         written.append(str(xml_path))
     summary = {"name": name, "time_us": algo.time_us, "lower_bound_us": algo.lower_bound_us,
                "inplace": bool(program is not None and program.inplace),
@@ -103,14 +106,17 @@ def run(args) -> int:
     return 0
 
 
-def _lower(algo, args, report):
-    from ..lowering import lower, max_tbs_of, serve_inplace
+def _lower(algo, target, report):
+    from ..lowering import lower, max_tbs_of
+    from ..progress import warn
 
-    report(f"lowering to MSCCL XML (proto {algo.protocol}, {algo.instances} instance(s))")
+    report(f"lowering to MSCCL XML for {target.name} (proto {algo.protocol}, {algo.instances} instance(s))")
     # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
     topology = algo.load_topology()
-    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology.spec), report=report)
-    report("proving it for in-place calls (input and output aliased)")
-    if serve_inplace(program):
+    program = lower(algo, topology=topology, max_tbs=max_tbs_of(topology.spec), target=target.name, report=report)
+    if target.dialect == "executor":
+        report("proving it for in-place calls (input and output aliased)")
+    prepare_for_target(program, target, report=warn)
+    if program.inplace:
         report("the program also serves in-place calls (proven with input and output aliased)")
     return program

@@ -647,7 +647,7 @@ def write_program(program: Program, path, dialect: str = "executor", target: str
         problems = target_problems(program, runtime)
         if problems:
             raise CheckFailed(f"{path}: not written, {target} would refuse it: " +
-                              "; ".join(f"rank {r}: {m}" for r, m in problems[:5]))
+                              "; ".join(m if r is None else f"rank {r}: {m}" for r, m in problems[:5]))
     text = program_to_xml(program, dialect=dialect)  # serialized once: fingerprinted, then written
     if not (dialect == "executor" and _PROVEN.get(_fingerprint(program, text))):
         report = verify_program(program, dialect=dialect)

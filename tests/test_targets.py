@@ -1,0 +1,103 @@
+"""Targets (`taccl.targets`): XML each runtime runs, and `taccl check --target` refusing what it would not."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from taccl.cli import main
+from taccl.program import StepType
+from taccl.targets import FUSED_STEPS
+from taccl.xmlio import read_program
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "runtime" / "tests" / "data"
+
+
+def _fused(program) -> set:
+    return {StepType(st.type) for g in program.gpus for tb in g.threadblocks for st in tb.steps} & FUSED_STEPS
+
+
+def test_rccl_programs_have_no_fused_steps_and_run(tmp_path):
+    """RCCL (since ROCm 6.1) fails the first call of a program with rcs/rrs/rrcs/rrc: `--target rccl` lowers
+    reductions as a receive into scratch plus a local re, and `check --target rccl` refuses the executor's."""
+    executor, rccl = tmp_path / "ring.xml", tmp_path / "ring-rccl.xml"
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "allreduce", "-o", str(executor), "-q"]) == 0
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "allreduce", "--target", "rccl", "-o", str(rccl), "-q"]) == 0
+    assert _fused(read_program(str(executor))) and not _fused(read_program(str(rccl)))
+    assert main(["check", "-q", "--target", "rccl", str(executor)]) == 1
+    assert main(["check", "-q", "--target", "rccl", str(rccl)]) == 0
+    from taccl import runtime
+
+    assert runtime.run_program(rccl, size=64 * 1024)["wrong"] == 0
+    assert runtime.run_program(rccl, size=64 * 1024, inplace=True)["wrong"] == 0
+    # synthesized: solve, then lower the algorithm for RCCL
+    assert main(["solve", str(ROOT / "sketches" / "ndv2-sk-1.json"), "--collective", "allreduce", "--target", "rccl",
+                 "-o", str(tmp_path), "--name", "ar", "-q"]) == 0
+    program = read_program(str(tmp_path / "ar.xml"))
+    assert not _fused(program) and program.max_threadblocks <= 64
+    assert main(["check", "-q", "--target", "rccl", str(tmp_path / "ar.xml")]) == 0
+    assert runtime.run_program(tmp_path / "ar.xml", size=1 << 20)["wrong"] == 0
+
+
+def test_legacy_window_bounded_where_scratch_is_allocated(tmp_path):
+    """Legacy MSCCL allocates maxBytes x s_chunks / nchunksperloop of scratch when the communicator is
+    created: a program with scratch gets a bounded window (the runtime's default, 128 MiB exclusive), and a
+    file with an unbounded one is refused by `check --target msccl-legacy`."""
+    path = tmp_path / "oneshot.xml"
+    assert main(["baseline", "one-shot", "-t", "dgx-h100", "-c", "allreduce", "--target", "msccl-legacy",
+                 "-o", str(path), "-q"]) == 0
+    head = path.read_text().splitlines()[0]
+    assert 'inplace="0"' in head and "outofplace" not in head and "maxBytes" not in head  # the default, 2^27
+    program = read_program(str(path), dialect="legacy")
+    assert program.max_bytes == (1 << 27) - 1 and max(g.s_chunks for g in program.gpus) > 0
+    assert main(["check", "-q", "--target", "msccl-legacy", str(path)]) == 0
+    unbounded = tmp_path / "unbounded.xml"
+    unbounded.write_text(path.read_text().replace('inplace="0">', 'inplace="0" maxBytes="9223372036854775807">', 1))
+    assert main(["check", "-q", "--target", "msccl-legacy", str(unbounded)]) == 1
+    # --dialect is the older spelling of --target; the two must agree
+    assert main(["baseline", "ring", "-t", "ndv2", "--dialect", "executor", "--target", "msccl-legacy",
+                 "-o", str(tmp_path / "x.xml")]) == 2
+
+
+def test_rooted_program_refused_for_msccl_targets(capsys):
+    """No MSCCL runtime reads root: a root-0 Broadcast would also run root-5 calls (wrongly)."""
+    path = str(DATA / "chain_broadcast_4.xml")
+    assert main(["check", "-q", path]) == 0
+    for target in ("msccl-executor", "rccl"):
+        capsys.readouterr()
+        assert main(["check", "-q", "--target", target, path]) == 1
+        assert "does not read root" in capsys.readouterr().out
+
+
+def test_directory_checked_as_the_runtime_loads_it(tmp_path, capsys):
+    """MSCCL_ALGO_DIR: every file is read in name order and one unreadable file makes the executor drop the
+    whole directory; overlapping windows leave the overlap to the first file (RCCL: to readdir's order)."""
+    d = tmp_path / "algos"
+    d.mkdir()
+    for r, lo, hi in ((0, 0, 65535), (1, 65536, 0)):
+        text = (DATA / "ring_allreduce_4.xml").read_text().replace('minBytes="0" maxBytes="0"',
+                                                                   f'minBytes="{lo}" maxBytes="{hi}"')
+        (d / f"ar-{r}.xml").write_text(text)
+    assert main(["check", "-q", str(d)]) == 0
+    shutil.copy(d / "ar-1.xml", d / "ar-2.xml")  # the same window again
+    capsys.readouterr()
+    assert main(["check", str(d)]) == 0  # the executor sorts: ar-1 wins, ar-2 is never selected
+    assert "ar-2.xml: warning [directory]: its window overlaps" in capsys.readouterr().out
+    assert main(["check", "-q", "--target", "rccl", str(d)]) == 1  # readdir order: no telling which runs
+    (d / "ar-2.xml").unlink()
+    (d / "notes.txt").write_text("not a program\n")
+    capsys.readouterr()
+    assert main(["check", "-q", str(d)]) == 2  # a file that cannot be read
+    assert "notes.txt: error [directory]: msccl-executor stops loading the directory" in capsys.readouterr().out
+    # legacy MSCCL reads the list of MSCCL_XML_FILES, at most 4 files
+    (d / "notes.txt").unlink()
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for k in range(5):
+        assert main(["baseline", "ring", "-t", "ndv2", "-c", "allgather", "--target", "msccl-legacy",
+                     "-o", str(legacy / f"ag-{k}.xml"), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["check", "-q", "--target", "msccl-legacy", str(legacy)]) == 1
+    assert "loads at most 4 files" in capsys.readouterr().out
