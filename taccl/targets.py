@@ -32,7 +32,7 @@ from .program import Program, StepType
 
 __all__ = ["Target", "TARGETS", "DEFAULT_TARGET", "ROOTED", "LEGACY_MAX_FILES", "get_target", "target_problems",
            "rooted_problem", "add_target_argument", "target_of_args", "prepare_for_target", "load_order",
-           "directory_problems"]
+           "directory_problems", "lowered_for"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,12 @@ def rooted_problem(program: Program, target: Target) -> str | None:
     return (f"a {program.collective} program for root {root}: {target.name} does not read root and would run it "
             f"for calls of every root, with a wrong result for all but root {root}; only taccl's runtime "
             f"matches the root")
+
+
+def lowered_for(target: Target) -> str:
+    """The target whose lowering `target` runs: RCCL's (no fused steps) or the executor's, which legacy MSCCL
+    runs too (only the file's dialect and window differ)."""
+    return target.name if not target.fused_steps else DEFAULT_TARGET
 
 
 def add_target_argument(parser) -> None:

@@ -420,3 +420,75 @@ def test_a_baseline_task_lowers_once_per_instance_count(tmp_path, monkeypatch):
         alone.name = prog.label
         assert xml["status"] == "ok" and xml["xml"] == program_to_xml(alone)
         assert by_key[prog.sim_key]["time_us"] == _simulate(task, prog, xml, topo)["time_us"]
+
+
+def test_targets_get_their_own_lowering_files_and_limits(tmp_path):
+    """`targets:` writes each runtime's files in its own directory: RCCL's without fused steps, legacy
+    MSCCL's in its dialect (out-of-place, bounded where there is scratch, at most 4 a GPU count); each
+    directory passes `taccl check DIR --target`. The executor's programs keep the keys of a SKU without
+    targets, so adding targets reuses its cache."""
+    from taccl.cli import main
+    from taccl.program import StepType
+    from taccl.targets import FUSED_STEPS
+
+    def sku(extra, name):
+        path = sku_file(tmp_path, extra, name=name)
+        path.write_text(path.read_text().replace("collectives: [allgather, reducescatter]",
+                                                 "collectives: [allgather, allreduce]"))
+        return path
+
+    path = sku("targets: [msccl-executor, rccl, msccl-legacy]\n", "sku.yaml")
+    plain = sku("", "plain.yaml")
+    keys = {p.key for t in plan(load_sku(plain)) for p in t.programs}
+    targeted = [p for t in plan(load_sku(path)) for p in t.programs]
+    assert keys == {p.key for p in targeted if p.target == "msccl-executor"}
+    assert {p.target for p in targeted if p.kind == "baseline"} == {"msccl-executor"}  # the runtime's own
+    out = tmp_path / "out"
+    result = run_batch(path, out, workers=2)
+    assert list(result.targets) == ["msccl-executor", "rccl", "msccl-legacy"]
+    for name, (sel, where) in result.targets.items():
+        assert where == out / name and (where / "report.md").exists() and sel.target == name
+        assert main(["check", "-q", "--target", name, str(where / "msccl-algorithms")]) == 0
+    rccl = sorted((out / "rccl" / "msccl-algorithms").glob("*.xml"))
+    assert rccl and all(p.name.endswith("+rccl.xml") for p in rccl)
+    for f in rccl:
+        program = read_program(str(f))
+        assert not {StepType(st.type) for g in program.gpus for tb in g.threadblocks for st in tb.steps} & FUSED_STEPS
+    legacy = sorted((out / "msccl-legacy" / "msccl-algorithms").glob("*.xml"))
+    assert 0 < len(legacy) <= 4
+    for f in legacy:
+        head = f.read_text().splitlines()[0]
+        assert "outofplace" not in head and 'inplace="0"' in head
+        program = read_program(str(f), dialect="legacy")
+        if any(g.s_chunks for g in program.gpus):
+            assert program.max_bytes  # bounded: scratch is allocated for it at communicator creation
+
+
+def test_legacy_keeps_the_four_windows_that_gain_most():
+    from taccl.batch.selection import Group, _fit_file_limit, _windows
+    from taccl.targets import get_target
+
+    # two programs that alternate as the fastest by 2x at every one of 6 sizes: no tolerance merges them
+    n = 6
+    a = _c("a", [1.0 if i % 2 == 0 else 2.0 for i in range(n)])
+    b = _c("b", [2.0 if i % 2 == 0 else 1.0 for i in range(n)])
+    base = _c("ring", [3.0 + i for i in range(n)], kind="baseline")
+    g = Group(collective="allgather", nodes=2, ranks=16, sizes=[1 << (10 + i) for i in range(n)],
+              lower_bound_us=[None] * n, contenders=[base, a, b])
+    g.windows = _windows(g)
+    assert len(g.windows) == 6
+    _fit_file_limit([g], get_target("msccl-legacy"), 0.0)
+    kept = [w for w in g.windows if w.kind == "synthesized"]
+    dropped = [w for w in g.windows if w.kind == "none"]
+    assert len(kept) == 4 and len(dropped) == 2
+    assert all("at most 4 files" in w.note for w in dropped)
+    # the baseline gains least over itself at the smallest sizes: those windows go back to NCCL
+    assert [w.index for w in dropped] == [0, 1]
+
+
+def test_rooted_collectives_are_refused_in_a_sku(tmp_path):
+    path = sku_file(tmp_path, "")
+    path.write_text(path.read_text().replace("collectives: [allgather, reducescatter]",
+                                             "collectives: [allgather, broadcast]"))
+    with pytest.raises(UserError, match="broadcast: no MSCCL runtime reads root"):
+        load_sku(path)

@@ -14,6 +14,9 @@ Output directory:
     OUTDIR/msccl-algorithms/      one proven XML per winning window: MSCCL_ALGO_DIR, or list in MSCCL_XML_FILES
     OUTDIR/selection.csv, .json   the selection table (and, in JSON, every contender's time per size)
     OUTDIR/report.md, plots/      algbw against size per collective, speedups, synthesis cost
+
+A SKU with `targets:` other than the executor alone gets all but the cache once per target, in
+OUTDIR/<target>/ (`taccl.targets`: each runtime's own lowering, dialect, windows and limits).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from pathlib import Path
 from ..budget import machine_memory_bytes
 from ..errors import UserError
 from ..progress import SILENT
+from ..targets import DEFAULT_TARGET
 from .cache import OutdirLock, Store
 from .executors import EXECUTORS, run_local, run_ray
 from .jobs import Task, plan
@@ -37,12 +41,13 @@ __all__ = ["run_batch", "dry_run", "BatchResult", "load_sku", "plan", "select", 
 @dataclass
 class BatchResult:
     sku: Sku
-    selection: Selection
-    outdir: Path
+    selection: Selection  # the first target's
+    outdir: Path  # where the first target's files are
     computed: int  # tasks run this time
     cached: int  # tasks entirely answered by the cache
     failed: int  # tasks with at least one failed result
     wall_s: float
+    targets: dict = None  # target name -> (Selection, its output directory), in the SKU's order
 
 
 class Progress:
@@ -164,15 +169,20 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
             run = run_ray if executor == "ray" else run_local
             kw = {"address": ray_address} if executor == "ray" else {}
             run(todo, store, workers=workers, timeout_s=sku.job_timeout_s, progress=progress, **kw)
-        report("selecting the fastest program per size and writing the XML programs")
-        selection = select(sku, tasks, store, cached_keys=cached_keys)
-        write_outputs(selection, outdir, store, emit_baselines=sku.emit_baselines)
         from .report import write_report
 
-        write_report(selection, outdir, sku, plots=plots, wall_s=time.monotonic() - t0)
+        targets = {}
+        for target in sku.targets:
+            target_dir = outdir if sku.targets == (DEFAULT_TARGET,) else outdir / target
+            report(f"{target}: selecting the fastest program per size and writing the XML programs")
+            selection = select(sku, tasks, store, cached_keys=cached_keys, target=target)
+            write_outputs(selection, target_dir, store, emit_baselines=sku.emit_baselines)
+            write_report(selection, target_dir, sku, plots=plots, wall_s=time.monotonic() - t0)
+            targets[target] = (selection, target_dir)
+        selection, target_dir = next(iter(targets.values()))
         if prune:
             n = store.prune({k for t in tasks for k in t.keys()})
             report(f"pruned {n} cache record(s) this SKU no longer uses")
     failed = sum(1 for j in selection.jobs if j.status != "ok")
-    return BatchResult(sku=sku, selection=selection, outdir=outdir, computed=len(todo),
-                       cached=len(tasks) - len(todo), failed=failed, wall_s=time.monotonic() - t0)
+    return BatchResult(sku=sku, selection=selection, outdir=target_dir, computed=len(todo),
+                       cached=len(tasks) - len(todo), failed=failed, wall_s=time.monotonic() - t0, targets=targets)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import TacclError
+from ..targets import DEFAULT_TARGET, get_target, lowered_for
 from ..units import format_size
 from .sku import Sku
 
@@ -72,6 +73,7 @@ class ProgramJob:
     proto: str
     instances: int
     fusion: str = "auto"  # synthesized programs: the lowering policy (`taccl.lowering.FUSION_POLICIES`)
+    target: str = "msccl-executor"  # the lowering's target (`taccl.targets.lowered_for`)
 
 
 @dataclass
@@ -130,11 +132,20 @@ def plan(sku: Sku) -> list:
               "stall_s": sku.stall_s, "threads": sku.threads, "seed": sku.seed}
     grid = list(sku.grid)
 
-    def program(key, label, kind, source, proto, inst, nodes, fusion="auto"):
+    def program(key, label, kind, source, proto, inst, nodes, fusion="auto", target=DEFAULT_TARGET):
         sim_key = digest({"kind": "simulation", "program": key, "topology": topo_fp, "nodes": nodes, "sizes": grid,
                           "options": sim_opts})
         return ProgramJob(key=key, sim_key=sim_key, label=label, kind=kind, source=source, proto=proto, instances=inst,
-                          fusion=fusion)
+                          fusion=fusion, target=target)
+
+    # a synthesis is lowered once per distinct lowering target (RCCL's has no fused steps; legacy runs the
+    # executor's); the executor's keys and labels are those of a SKU without targets, so its cache stays valid
+    lowerings = sorted({lowered_for(get_target(t)) for t in sku.targets}, key=lambda t: t != DEFAULT_TARGET)
+
+    def targeted(pdoc: dict, label: str, target: str) -> tuple:
+        if target == DEFAULT_TARGET:
+            return digest(pdoc), label
+        return digest({**pdoc, "target": target}), f"{label}+{target}"
 
     tasks = []
     for n in sku.nodes:
@@ -155,16 +166,19 @@ def plan(sku: Sku) -> list:
                                                   "collective": coll, "size": size, "solver": solver})
                                     plabel = f"{label}/{proto}" + (f".i{inst}" if inst > 1 else "")
                                     progs = []
-                                    for fusion in cand.fusions:
-                                        if fusion == "network" and n == 1:
-                                            continue  # no send leaves the node
-                                        pdoc = {"kind": "program", "synthesis": key, "proto": proto,
-                                                "instances": inst, "max_tbs": sku.max_tbs}
-                                        if fusion != "auto":  # (the default keeps the keys cached before)
-                                            pdoc["fusion"] = fusion
-                                        progs.append(program(digest(pdoc), plabel + ("" if fusion == "auto" else
-                                                                                     f"+{fusion}"),
-                                                             "synthesized", cand.name, proto, inst, n, fusion))
+                                    for target in lowerings:
+                                        fusions = cand.fusions if get_target(target).fused_steps else ("auto",)
+                                        for fusion in fusions:
+                                            if fusion == "network" and n == 1:
+                                                continue  # no send leaves the node
+                                            pdoc = {"kind": "program", "synthesis": key, "proto": proto,
+                                                    "instances": inst, "max_tbs": sku.max_tbs}
+                                            if fusion != "auto":  # (the default keeps the keys cached before)
+                                                pdoc["fusion"] = fusion
+                                            pkey, lab = targeted(pdoc, plabel + ("" if fusion == "auto" else
+                                                                                 f"+{fusion}"), target)
+                                            progs.append(program(pkey, lab, "synthesized", cand.name, proto, inst, n,
+                                                                 fusion, target))
                                     tasks.append(Task(kind="synthesis", key=key, label=plabel, collective=coll,
                                                       nodes=n, topology=sku.topology, grid=sku.grid, programs=progs,
                                                       max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
@@ -180,6 +194,8 @@ def plan(sku: Sku) -> list:
                     continue  # a baseline for another collective
                 if operations(name, topo, coll) <= PLAN_TRACE_MAX_OPS and not applicable(name, topo, coll):
                     continue  # one needing links this topology lacks (a larger one finds out in its task)
+                # baselines stand for the runtime's own (NCCL's, RCCL's) algorithms, which fuse their steps
+                # whatever the target: lowered once, for the executor (a window they win gets no file elsewhere)
                 progs = []
                 for proto in sku.baseline_protocols:
                     for inst in sku.baseline_instances:
@@ -275,7 +291,7 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo, built: dict) -> tupl
             # the algorithm's own instance count is left to `lower`, which halves it if the blocks do not fit
             program = lower(algo, instances=None if prog.instances == algo.instances else prog.instances,
                             proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo,
-                            fusion=prog.fusion)
+                            fusion=prog.fusion, target=prog.target)
         else:
             program = _baseline_program(task, prog, topo, built)
             program.name = prog.label

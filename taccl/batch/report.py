@@ -103,7 +103,7 @@ def plot_name(g: Group) -> str:
 
 
 def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = None) -> str:
-    out = [f"# Batch synthesis report: {selection.sku}", ""]
+    out = [f"# Batch synthesis report: {selection.sku}, for {selection.target}", ""]
     stall = f" (or once the best solution stalls for {sku.stall_s:g} s)" if sku.stall_s else ""
     out.append(f"Topology `{selection.topology}`, node counts {', '.join(map(str, sku.nodes))}, collectives "
                f"{', '.join(sku.collectives)}; sizes {format_size(selection.grid[0])} to {format_size(selection.grid[-1])} "
@@ -157,10 +157,15 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
     out += _cost(selection)
     out += ["", "## Using the programs", ""]
     if selection.files:
-        out += ["Every file has its size window set and was proven by the checker before it was written.", "",
-                "- MSCCL executor / RCCL: `MSCCL_ALGO_DIR=<OUTDIR>/msccl-algorithms` (the directory serves every node "
-                "count: a file applies only to communicators of its `ngpus`).",
-                "- taccl's runtime or the legacy MSCCL: `MSCCL_XML_FILES`, one list per GPU count:", ""]
+        out += [f"Every file has its size window set and was proven by the checker, for {selection.target} "
+                f"(docs/targets.md), before it was written.", ""]
+        if selection.target == "msccl-legacy":
+            out += ["- legacy MSCCL: `MSCCL_XML_FILES`, one list per GPU count (at most 4 files each; out-of-place "
+                    "calls):", ""]
+        else:
+            out += [f"- {selection.target}: `MSCCL_ALGO_DIR=<this directory>/msccl-algorithms` (the directory serves "
+                    "every node count: a file applies only to communicators of its `ngpus`).",
+                    "- taccl's runtime: `MSCCL_XML_FILES`, one list per GPU count:", ""]
         for ranks, files in selection.files.items():
             out.append(f"  - {ranks} GPUs: `{':'.join(files)}`")
     else:

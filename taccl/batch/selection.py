@@ -9,11 +9,18 @@ boundary between two grid sizes a < b is their geometric mean, the first window 
 is unbounded (maxBytes 0), so every call size has exactly one window. A candidate whose job failed simply
 does not compete; the report names it next to the windows a baseline took instead.
 
-`select(sku, tasks, store) -> Selection`, and `write_outputs(selection, outdir)`, which writes one XML per
-window (minBytes/maxBytes set, proven by the checker before it is written) into `msccl-algorithms/`, plus
-`selection.csv` and `selection.json`. A file also serves in-place calls when the checker proves it with input
-and output aliased. The XML directory is built aside and swapped in whole, so
-MSCCL_ALGO_DIR never sees a mix of two runs.
+`select(sku, tasks, store, target=T) -> Selection`, and `write_outputs(selection, outdir)`, which writes one
+XML per window (minBytes/maxBytes set, proven by the checker before it is written) into `msccl-algorithms/`,
+plus `selection.csv` and `selection.json`. A file also serves in-place calls when the checker proves it with
+input and output aliased. The XML directory is built aside and swapped in whole, so MSCCL_ALGO_DIR never
+sees a mix of two runs.
+
+Per target (`taccl.targets`): the synthesized programs compete as lowered for it (RCCL: no fused steps),
+against the baselines as the runtime's own algorithms run them (fused, whatever the target), and the files
+are written as it reads them. Only the executor gets files for the windows a baseline wins (elsewhere the
+runtime's own algorithm serves them). Legacy MSCCL gets out-of-place programs only, windows that end where
+its scratch can be allocated and at most 4 files per GPU count: windows are merged with a growing tolerance
+until they fit, then the 4 that gain most kept.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..fileio import atomic_write, write_json
 from ..simulator import TIE_TOLERANCE
+from ..targets import DEFAULT_TARGET, get_target, lowered_for
 from ..units import format_size
 from .jobs import Task, tool_version
 
@@ -113,6 +121,7 @@ class Selection:
     jobs: list
     tool: str = ""
     files: dict = field(default_factory=dict)  # ranks -> [paths relative to OUTDIR]
+    target: str = DEFAULT_TARGET  # the runtime the files are written for (`taccl.targets`)
 
     def to_json(self) -> dict:
         doc = asdict(self)
@@ -167,9 +176,11 @@ def _shortfalls(g: Group) -> list:
     return out
 
 
-def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Selection:
+def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: str = DEFAULT_TARGET) -> Selection:
     from ..topology import Topology
 
+    runtime = get_target(target)
+    lowering = lowered_for(runtime)
     groups, jobs = {}, []
     for task in tasks:
         g = groups.get((task.collective, task.nodes))
@@ -183,14 +194,50 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset()) -> Select
         if task.kind == "synthesis" and jobs[-1].status != "ok":
             g.failed_jobs.append((task.label, jobs[-1].reason))
         for prog in task.programs:
-            g.contenders.append(_contender(prog, store))
+            if prog.target == lowering or prog.kind == "baseline":
+                g.contenders.append(_contender(prog, store))
     for g in groups.values():
         g.windows = _windows(g, sku.merge_tolerance)
         g.shortfalls = _shortfalls(g)
     order = {c: i for i, c in enumerate(sku.collectives)}
     ordered = sorted(groups.values(), key=lambda g: (order[g.collective], g.nodes))
+    if runtime.max_files is not None:
+        for ranks in {g.ranks for g in ordered}:
+            _fit_file_limit([g for g in ordered if g.ranks == ranks], runtime, sku.merge_tolerance)
     return Selection(sku=sku.name, topology=sku.spec.name, grid=list(sku.grid), groups=ordered, jobs=jobs,
-                     tool=tool_version())
+                     tool=tool_version(), target=runtime.name)
+
+
+def _emits(w: Window, runtime) -> bool:
+    """Whether window `w` gets a file for `runtime`. A baseline stands for the runtime's own algorithm and
+    is written as a program for the executor only: RCCL's and legacy NCCL's own serve its windows there."""
+    return w.kind == "synthesized" or (w.kind == "baseline" and runtime.name == DEFAULT_TARGET)
+
+
+def _fit_file_limit(groups: list, runtime, tolerance: float) -> None:
+    """At most `runtime.max_files` files for these groups (one GPU count): merge windows with a growing
+    tolerance, then keep the windows that gain most over the best baseline and leave the rest to NCCL."""
+    def count():
+        return sum(_emits(w, runtime) for g in groups for w in g.windows)
+
+    for tol in (0.03, 0.05, 0.1, 0.2, 0.5):
+        if count() <= runtime.max_files:
+            return
+        if tol > tolerance:
+            for g in groups:
+                g.windows = _windows(g, tol)
+    if count() <= runtime.max_files:
+        return
+
+    def gain(w):
+        vals = [s for s in w.speedup if s is not None]
+        return sum(vals) / len(vals) if vals else 1.0
+
+    ranked = sorted((w for g in groups for w in g.windows if _emits(w, runtime)), key=gain, reverse=True)
+    for w in ranked[runtime.max_files:]:
+        w.kind, w.winner = "none", ""
+        w.note = (f"left to NCCL: {runtime.name} loads at most {runtime.max_files} files, kept for the windows "
+                  f"that gain most")
 
 
 def _job_summary(task: Task, store, cached_keys) -> JobSummary:
@@ -304,6 +351,7 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
     from ..program import MAX_NODES
     from ..xmlio import parse_xml
 
+    runtime = get_target(selection.target)
     outdir = Path(outdir)
     staging = outdir / f".{XML_DIR}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -313,7 +361,7 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
         by_label = {c.label: c for c in g.contenders}
         for w in g.windows:
             w.file, w.inplace = "", False
-            if w.kind == "none" or (w.kind == "baseline" and not emit_baselines):
+            if not _emits(w, runtime) or (w.kind == "baseline" and not emit_baselines):
                 continue
             record = store.get(by_label[w.winner].key)
             program = parse_xml(record["xml"]).program
@@ -326,11 +374,17 @@ def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool =
                 continue
             program.min_bytes, program.max_bytes = w.min_bytes, w.max_bytes
             program.name = f"{selection.sku} {w.winner}"[:255]
-            # serve in-place calls too (DDP's AllReduce, FSDP's AllGather) where the program stays correct
-            # with its input and output aliased (msccl-xml.md section 1.8); the checker decides
-            w.inplace = serve_inplace(program)
+            if runtime.dialect == "executor":
+                # serve in-place calls too (DDP's AllReduce, FSDP's AllGather) where the program stays correct
+                # with its input and output aliased (msccl-xml.md section 1.8); the checker decides
+                w.inplace = serve_inplace(program)
+            elif w.max_bytes == 0 and any(gpu.s_chunks for gpu in program.gpus):
+                # legacy MSCCL allocates scratch for maxBytes when the communicator is created
+                program.max_bytes = w.max_bytes = selection.grid[-1]
+                w.note = (w.note + "; " if w.note else "") + (
+                    f"window ends at the grid's largest size: {runtime.name} allocates scratch for it up front")
             name = _file_name(w)
-            write_program(program, staging / name)  # proven with its window (the check above is remembered)
+            write_program(program, staging / name, target=runtime.name)  # proven with its window
             w.file = f"{XML_DIR}/{name}"
             files.setdefault(g.ranks, []).append(w.file)
     selection.files = {r: sorted(v) for r, v in sorted(files.items())}

@@ -16,6 +16,7 @@
         variants: {chunkup: [1, 2], switch_policy: [uc-min], instances: [1, 2], protocol: [Simple, LL]}
         # fusion: [auto, network]   # lowering policies, one program each (default [auto]; see `taccl lower`)
     baselines: {protocol: [Simple, LL, LL128], emit: xml}     # names: default every applicable one
+    targets: [msccl-executor, rccl, msccl-legacy]              # runtimes to write for (default the executor)
 
 `load_sku(path) -> Sku` reports every problem in the file at once (schema and meaning: unknown topology,
 missing sketch, impossible node count, unknown collective...), each with its line and JSON path, before
@@ -35,6 +36,7 @@ from ..fileio import json_path, load_json, load_schema
 from ..lowering import max_tbs_of
 from ..sketch import sketch_from_dict
 from ..synthesize import DEFAULT_STALL_S
+from ..targets import DEFAULT_TARGET, ROOTED
 from ..topology import TopologySpec, load_spec
 from ..units import parse_size, parse_size_range
 
@@ -83,6 +85,7 @@ class Sku:
     baseline_instances: tuple = (1,)
     emit_baselines: bool = True  # write baseline programs for the windows they win (else leave them to NCCL)
     merge_tolerance: float = 0.0  # a program within this fraction of the fastest may keep a size (fewer windows)
+    targets: tuple = ("msccl-executor",)  # runtimes the programs are written for (`taccl.targets`)
 
 
 class _Problems:
@@ -230,6 +233,11 @@ def load_sku(path) -> Sku:
         canon = _canon_collective(c)
         if canon is None:
             problems.add(("collectives", i), f"unknown collective {c!r}; known: {', '.join(NAMES)}")
+        elif canon in ROOTED:
+            problems.add(("collectives", i), f"{canon}: no MSCCL runtime reads root, so a program written for one "
+                                             f"root would also run the calls of every other root, wrongly; "
+                                             f"synthesize it with `taccl solve` for taccl's runtime, which matches "
+                                             f"the root")
         elif canon not in collectives:
             collectives.append(canon)
 
@@ -265,7 +273,8 @@ def load_sku(path) -> Sku:
                max_tbs=int(doc.get("max_tbs", max_tbs_of(spec))), baseline_names=bnames,
                baseline_protocols=tuple(bdoc.get("protocol", DEFAULT_PROTOCOLS)),
                baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml",
-               merge_tolerance=float(doc.get("merge_tolerance", 0.0)))
+               merge_tolerance=float(doc.get("merge_tolerance", 0.0)),
+               targets=tuple(doc.get("targets", (DEFAULT_TARGET,))))
 
 
 def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:

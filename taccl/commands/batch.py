@@ -51,34 +51,52 @@ def run(args) -> int:
     result = run_batch(args.sku, args.output, workers=args.workers, executor=args.executor,
                        ray_address=args.ray_address, retry_failed=args.retry_failed, report=report,
                        plots=not args.no_plots, prune=args.prune)
-    sel, out = result.selection, result.outdir
-    env = {str(r): ":".join(str(out / f) for f in files) for r, files in sel.files.items()}
+    targets = result.targets or {"msccl-executor": (result.selection, result.outdir)}
+    sel = result.selection
+
+    def xml_files(selection, out):
+        return {str(r): ":".join(str(out / f) for f in files) for r, files in selection.files.items()}
+
     if args.json:
-        json.dump({"outdir": str(out), "jobs": len(sel.jobs), "computed": result.computed, "cached": result.cached,
-                   "failed": result.failed, "wall_s": round(result.wall_s, 1),
-                   "windows": sum(len(g.windows) for g in sel.groups), "msccl_algo_dir": str(out / "msccl-algorithms"),
-                   "msccl_xml_files": env, "report": str(out / "report.md")}, sys.stdout, indent=1)
+        per = {name: {"outdir": str(out), "windows": sum(len(g.windows) for g in s.groups),
+                      "msccl_algo_dir": str(out / "msccl-algorithms"), "msccl_xml_files": xml_files(s, out),
+                      "report": str(out / "report.md")} for name, (s, out) in targets.items()}
+        first = next(iter(per.values()))
+        json.dump({"jobs": len(sel.jobs), "computed": result.computed, "cached": result.cached,
+                   "failed": result.failed, "wall_s": round(result.wall_s, 1), **first, "targets": per},
+                  sys.stdout, indent=1)
         print()
         return 0
     if not args.quiet:
         print(f"{len(sel.jobs)} jobs: {result.computed} run, {result.cached} from the cache, {result.failed} failed; "
               f"{result.wall_s:.0f} s")
-        for g in sel.groups:
-            for w in g.windows:
-                lo, hi = w.speedup_range
-                sp = f"  {lo:.2f}x-{hi:.2f}x vs baseline" if lo is not None and w.kind == "synthesized" else ""
-                print(f"  {g.collective:<14} {g.ranks:>4} GPUs  {w.sizes[0]:>11} .. {w.sizes[-1]:<11} "
-                      f"{w.winner or '(runtime default)'}{sp}")
-        print(f"selection: {out / 'selection.csv'}  report: {out / 'report.md'}")
-        if env:
-            print("tell the runtime:")
-            print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # the MSCCL executor")
-            for ranks, files in env.items():
-                n = files.count(":") + 1
-                print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs, {n} file(s): taccl's runtime")
+        for name, (s, out) in targets.items():
+            if len(targets) > 1 or name != "msccl-executor":
+                print(f"{name} ({out}):")
+            _print_target(name, s, out, xml_files(s, out))
+        if set(targets) == {"msccl-executor"} and sel.files:
             print("  (executor-dialect files: legacy MSCCL reads their windows otherwise, and RCCL refuses fused "
-                  "steps; see docs/targets.md)")
+                  "steps: add `targets:` to the SKU; see docs/targets.md)")
         if result.failed:
             print(f"{result.failed} job(s) failed; their reasons are in the report (their sizes use the best "
                   f"remaining program)")
     return 0
+
+
+def _print_target(name: str, sel, out, env: dict) -> None:
+    for g in sel.groups:
+        for w in g.windows:
+            lo, hi = w.speedup_range
+            sp = f"  {lo:.2f}x-{hi:.2f}x vs baseline" if lo is not None and w.kind == "synthesized" else ""
+            print(f"  {g.collective:<14} {g.ranks:>4} GPUs  {w.sizes[0]:>11} .. {w.sizes[-1]:<11} "
+                  f"{w.winner or '(runtime default)'}{sp}")
+    print(f"selection: {out / 'selection.csv'}  report: {out / 'report.md'}")
+    if not env:
+        return
+    print("tell the runtime:")
+    if name != "msccl-legacy":
+        print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # {'RCCL' if name == 'rccl' else 'the MSCCL executor'}")
+    for ranks, files in env.items():
+        n = files.count(":") + 1
+        who = "legacy MSCCL" if name == "msccl-legacy" else "taccl's runtime"
+        print(f"  export MSCCL_XML_FILES={files}    # {ranks} GPUs, {n} file(s): {who}")
