@@ -49,6 +49,21 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # the reader went away (`taccl check --json F | head -c 1`): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush finds no pipe
         return 141
+    except OSError as exc:
+        if not _writing_stdout_failed(exc):
+            raise
+        # the output cannot be written (a full disk, a closed or read-only descriptor): say so, once
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"taccl {args.command}: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 2
+
+
+def _writing_stdout_failed(exc: OSError) -> bool:
+    """Whether `exc` came from writing standard output (no file name: an error on a file taccl opened names
+    it and is reported where it happened)."""
+    import errno
+
+    return exc.filename is None and exc.errno in (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT, errno.EFBIG)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ from .errors import TacclError, UserError
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
 
-def read_text(path) -> str:
+def read_text(path, *, errors: str = "strict") -> str:
+    """The file as UTF-8 text (`errors` as for `bytes.decode`); a failure is a UserError naming the file."""
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8", errors=errors)
     except FileNotFoundError:
         raise UserError("file not found", path=str(path)) from None
     except IsADirectoryError:

@@ -200,7 +200,9 @@ class Runtime:
         i = _ProgramInfo()
         if self._lib.tacclGetProgramInfo(self._h, index, ctypes.byref(i)) != 0:
             raise UserError(f"no program with index {index}")
-        return ProgramInfo(i.path.decode(), i.name.decode(), COLLS[i.coll], ["Simple", "LL", "LL128"][i.proto],
+        # the path in the file system's encoding (any bytes), the name as text (the XML may hold any bytes)
+        return ProgramInfo(os.fsdecode(i.path), i.name.decode(errors="replace"), COLLS[i.coll],
+                           ["Simple", "LL", "LL128"][i.proto],
                            i.ngpus, i.nchannels, i.nchunksperloop, bool(i.inplace), bool(i.outofplace),
                            i.minBytes, i.maxBytes, i.maxThreadBlocks, i.receives, i.directReceives)
 

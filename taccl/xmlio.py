@@ -489,7 +489,8 @@ def parse_xml(text: str, *, path: str | None = None, dialect: str | None = None)
 
 
 def read_xml(path, *, dialect: str | None = None) -> ParseResult:
-    return parse_xml(read_text(path), path=str(path), dialect=dialect)
+    # the runtimes read bytes: a stray non-UTF-8 byte in a value (a name) is no error there, nor here
+    return parse_xml(read_text(path, errors="replace"), path=str(path), dialect=dialect)
 
 
 def read_program(path, *, dialect: str | None = None) -> Program:

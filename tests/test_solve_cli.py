@@ -1,5 +1,6 @@
 """`taccl solve` end to end, every shipped sketch and topology, and every bad input's message."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -380,3 +381,27 @@ def test_ctrl_c_stops_a_running_milp_at_once(tmp_path):
     assert p.returncode == 130 and time.monotonic() - t0 < 10, text
     assert "contiguity: MILP" in text and "interrupted" in text and "Traceback" not in text
     assert not out.exists()
+
+
+def test_output_to_a_full_disk_and_stray_bytes_get_a_message(tmp_path):
+    """Output that cannot be written (a full disk) is one message and exit 2; a non-UTF-8 byte in an XML
+    name or in a file's path is read as the runtimes read it (bytes), by `check` and `run` alike."""
+    from taccl.baselines import build
+    from taccl.lowering import write_program
+    from taccl.topology import load_topology
+
+    ring = tmp_path / "ring.xml"
+    write_program(build("ring", load_topology("ndv2", 1), "allgather"), ring)
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "taccl.cli", "check", "--json", str(ring)], stdout=full,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        assert r.returncode == 2 and "cannot write the output: No space left on device" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    name = tmp_path / "name.xml"
+    name.write_bytes(ring.read_bytes().replace(b'name="', b'name="ab\xff', 1))
+    odd = tmp_path / os.fsdecode(b"p\xff.xml")
+    odd.write_bytes(ring.read_bytes())
+    for path in (name, odd):
+        assert main(["check", "-q", str(path)]) == 0
+        assert main(["run", str(path), "--size", "64K", "--check"]) == 0
