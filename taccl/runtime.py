@@ -56,7 +56,7 @@ class _ProgramInfo(ctypes.Structure):
 
 class _RunResult(ctypes.Structure):
     _fields_ = [("outcome", ctypes.c_int), ("program", ctypes.c_int), ("elapsedUs", ctypes.c_double),
-                ("tiles", ctypes.c_int64)]
+                ("tiles", ctypes.c_int64), ("call", ctypes.c_int64), ("generation", ctypes.c_int64)]
 
 
 _LIBS: dict = {}
@@ -83,6 +83,10 @@ def _lib(cuda: bool = False):
                                                ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
                                                ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                                                ctypes.POINTER(_RunResult)]),
+        "tacclSwap": (ctypes.c_int, [H, ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]),
+        "tacclNextCall": (ctypes.c_int64, [H]),
+        "tacclWatch": (ctypes.c_int, [H, ctypes.c_char_p, ctypes.c_int64]),
+        "tacclWatchStatus": (ctypes.c_int, [H, ctypes.POINTER(ctypes.c_int64)]),
         "tacclCudaAvailable": (ctypes.c_int, []),
         "tacclCheckFile": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
     }
@@ -129,6 +133,8 @@ class RunOutcome:
     tiles: int
     program: int
     outputs: list = field(default_factory=list)
+    call: int = -1  # the call's sequence number on its runtime handle
+    generation: int = -1  # the program set it ran on (see `Runtime.swap`)
 
 
 class Runtime:
@@ -196,6 +202,35 @@ class Runtime:
             raise UserError(self._error())
         return n.value
 
+    def swap(self, paths, epoch: int | None = None) -> int:
+        """Live reconfiguration: a new program set (files or directories, validated whole) for the calls
+        numbered `epoch` on (None: as soon as possible); returns the epoch. Raises UserError, and the current
+        set keeps serving, when the set is refused (see tacclSwap in taccl_runtime.h)."""
+        paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+        applied = ctypes.c_int64(-1)
+        joined = b":".join(os.fsencode(str(p)) for p in paths)
+        if self._lib.tacclSwap(self._h, joined, -1 if epoch is None else int(epoch), ctypes.byref(applied)) != 0:
+            raise UserError(self._error())
+        return applied.value
+
+    def watch(self, directory, every_ms: int = 100) -> None:
+        """Swap in `directory`'s files whenever it changes (a batch rewriting its MSCCL_ALGO_DIR), checked every
+        `every_ms` by a thread of the runtime beside the running calls; None stops watching."""
+        path = b"" if directory is None else os.fsencode(str(directory))
+        if self._lib.tacclWatch(self._h, path, int(every_ms)) != 0:
+            raise UserError(self._error())
+
+    def watch_status(self) -> tuple:
+        """(sets the watcher swapped in, the last refusal's message or "")."""
+        n = ctypes.c_int64(0)
+        st = self._lib.tacclWatchStatus(self._h, ctypes.byref(n))
+        return n.value, self._error() if st == 1 else ""
+
+    @property
+    def next_call(self) -> int:
+        """The sequence number the next call takes (the epochs of `swap`)."""
+        return self._lib.tacclNextCall(self._h)
+
     def info(self, index: int) -> ProgramInfo:
         i = _ProgramInfo()
         if self._lib.tacclGetProgramInfo(self._h, index, ctypes.byref(i)) != 0:
@@ -262,7 +297,7 @@ class Runtime:
             else:
                 outputs.append(bufs[r][1].copy())
         return RunOutcome(status, self._error() if status != "done" else "", res.elapsedUs, res.tiles, res.program,
-                          outputs)
+                          outputs, res.call, res.generation)
 
 
 # ---- reference semantics (independent of every program) -------------------------------------------------

@@ -24,6 +24,12 @@ what the simulator, the bounds and the synthesizer use (`LinkType.cost(proto)`).
 costs `alpha_us` and `bw_GBps` scaled by NCCL's ring protocol factors (`DEFAULT_ALPHA_FACTOR`,
 `DEFAULT_BW_FACTOR`), with no thread-block limit and no call cost: the uncalibrated model.
 
+A topology may share its links with another job (`reservations`): each entry takes a `fraction` of the
+bandwidth of every link, switch and NIC of a `link_type`, of chosen GPU pairs (`links`, both directions) or
+of chosen NICs (`nics`), and this job sees the rest: those elements get a derived link type (``nvlink2~25%``)
+whose bandwidths, per protocol and per thread block, are scaled by 1 - fraction (latencies unchanged).
+Synthesis, bounds and the simulator all cost links through these types, so all of them honour it.
+
 Also accepted unchanged: the reference TACCL profile files (`name`, `gpus_per_node`, `alpha`,
 `node_betas_list`, `remote_alpha`, `remote_beta`, ...), whose costs are microseconds per chunk of the size
 in the file's name; they are converted to bandwidths so that chunk size enters the cost.
@@ -236,6 +242,8 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
     for i, grp in enumerate(doc.get("pcie_switches", [])):
         for g in grp:
             _check_gpu(g, n, path, f"$.pcie_switches[{i}]")
+    if doc.get("reservations"):
+        links, switches, nics = _reserve(doc["reservations"], types, links, switches, nics, n, path)
     return TopologySpec(
         name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
         pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),
@@ -243,6 +251,78 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
         sm_count=runtime.get("sm_count"),
         description=doc.get("description", ""), sources=doc.get("sources", []), path=path, raw=doc,
     )
+
+
+def structure_digest(spec: TopologySpec) -> str:
+    """A digest of what a baseline's program is built from: the GPUs, which pairs links join and in what
+    order of bandwidth (a ring follows the fastest), the switches' and NICs' members; not the costs of NICs
+    and switches, which only its simulation reads. A degraded or shared NIC keeps the digest, so the batch
+    reuses every baseline program and simulates them again."""
+    import hashlib
+    import json
+
+    doc = {"gpus_per_node": spec.gpus_per_node,
+           "links": sorted([s, d, spec.link_types[t].bw_GBps] for s, d, t in spec.links),
+           "switches": sorted([name, sorted(gpus)] for name, gpus, _ in spec.switches),
+           "nics": sorted([name, list(gpus)] for name, gpus, _ in spec.nics),
+           "pcie_switches": spec.pcie_switches, "sm_count": spec.sm_count}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _reserved_type(t: LinkType, share: float) -> LinkType:
+    """`t` with `share` (0 < share < 1) of its bandwidth: what this job gets when another holds the rest."""
+    protos = tuple((p, ProtoCost(c.alpha_us, c.bw_GBps * share,
+                                 None if c.tb_bw_GBps is None else min(c.tb_bw_GBps, c.bw_GBps * share),
+                                 c.overhead_us)) for p, c in t.protocols)
+    return LinkType(f"{t.name}~{round((1 - share) * 100, 2):g}%", t.alpha_us, t.bw_GBps * share, protos)
+
+
+def _reserve(reservations: list, types: dict, links: list, switches: list, nics: list, n: int, path) -> tuple:
+    """Apply `reservations` (see the module docstring): the links, switches and NICs with their types
+    replaced where another job holds part of their bandwidth; the derived types are added to `types`."""
+    held = {}  # ("link", s, d) | ("switch", name) | ("nic", name) -> fraction held by others
+    nic_names = {name for name, _, _ in nics}
+    for i, r in enumerate(reservations):
+        where = f"$.reservations[{i}]"
+        f = float(r["fraction"])
+        chosen = []
+        if "link_type" in r:
+            if r["link_type"] not in types:
+                raise UserError(f"unknown link type {r['link_type']!r}; declared types: {sorted(types)}", path=path,
+                                where=where + ".link_type")
+            chosen += [("link", s, d) for s, d, t in links if t == r["link_type"]]
+            chosen += [("switch", name) for name, _, t in switches if t == r["link_type"]]
+            chosen += [("nic", name) for name, _, t in nics if t == r["link_type"]]
+        for j, (s, d) in enumerate(r.get("links", [])):
+            _check_gpu(s, n, path, f"{where}.links[{j}]")
+            _check_gpu(d, n, path, f"{where}.links[{j}]")
+            pair = [k for k in (("link", s, d), ("link", d, s)) if any(k[1:] == (a, b) for a, b, _ in links)]
+            if not pair:
+                raise UserError(f"no link joins GPUs {s} and {d}", path=path, where=f"{where}.links[{j}]")
+            chosen += pair
+        for j, name in enumerate(r.get("nics", [])):
+            if name not in nic_names:
+                raise UserError(f"unknown NIC {name!r}; NICs: {sorted(nic_names)}", path=path, where=f"{where}.nics[{j}]")
+            chosen.append(("nic", name))
+        if not chosen:
+            raise UserError("names no link_type, links or nics to reserve", path=path, where=where)
+        for key in set(chosen):
+            held[key] = held.get(key, 0.0) + f
+            if held[key] >= 1.0:
+                raise UserError(f"reservations hold {held[key]:.0%} of {key[0]} {' '.join(map(str, key[1:]))}: "
+                                f"nothing would be left for this job", path=path, where=where)
+
+    def retype(key, tname):
+        if key not in held:
+            return tname
+        derived = _reserved_type(types[tname], 1.0 - held[key])
+        types.setdefault(derived.name, derived)
+        return derived.name
+
+    links = [(s, d, retype(("link", s, d), t)) for s, d, t in links]
+    switches = [(name, gpus, retype(("switch", name), t)) for name, gpus, t in switches]
+    nics = [(name, gpus, retype(("nic", name), t)) for name, gpus, t in nics]
+    return links, switches, nics
 
 
 def _protocol_costs(doc: dict, path, where) -> tuple:

@@ -71,6 +71,8 @@ typedef struct {
   int program;        /* index of the program that ran, -1 if none */
   double elapsedUs;   /* wall time of the collective itself (host) or of the kernels (CUDA) */
   int64_t tiles;      /* tile iterations per chunk */
+  int64_t call;       /* this call's sequence number on the handle (0, 1, 2, ...): the epochs of tacclSwap */
+  int64_t generation; /* which program set the call ran on (0: the first; +1 per set loaded or swapped in) */
 } tacclRunResult;
 
 typedef struct tacclRuntime tacclRuntime;
@@ -79,7 +81,8 @@ typedef struct tacclRuntime tacclRuntime;
 tacclRuntime* tacclCreate(void);
 void tacclDestroy(tacclRuntime* h);
 
-/* Last error message of this handle ("" if none). Valid until the next call on the handle. */
+/* Last error message of this handle in the calling thread ("" if none). Valid until the thread's next call
+ * on the handle. */
 const char* tacclLastError(const tacclRuntime* h);
 
 /* Options (name, value):
@@ -98,6 +101,26 @@ tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value);
 
 /* Load and validate one file. On error nothing is loaded and the message names file, line, rank, tb, step. */
 tacclStatus tacclLoadFile(tacclRuntime* h, const char* path);
+/* Live reconfiguration. A handle is one communicator: every call takes the next sequence number, and a
+ * program set serves calls from its epoch on. tacclSwap loads `paths` (colon-separated files or
+ * directories, a directory standing for its files in name order) into a new set, validated whole, for the
+ * calls numbered >= epoch (-1: as soon as possible: the next call, or the one after the last set already
+ * waiting); *applied (may be NULL) gets the epoch. Calls already
+ * running, and those before the epoch, finish on the set they started with; no call mixes two sets. On
+ * TACCL_ERROR nothing changes and the current set keeps serving: a file fails to load or prove, the set
+ * mixes the legacy and executor dialects, a program is for another rank count than the communicator's
+ * calls, the set lacks a collective the current set serves, or the epoch has passed or already has a set.
+ * Safe to call while other threads run collectives on the same handle. */
+tacclStatus tacclSwap(tacclRuntime* h, const char* paths, int64_t epoch, int64_t* applied);
+/* The sequence number the next call will take. */
+int64_t tacclNextCall(const tacclRuntime* h);
+/* Watch a directory (an MSCCL_ALGO_DIR that `taccl batch` rewrites): a thread of the handle checks it every
+ * everyMs milliseconds and, when it changed, swaps its files in as tacclSwap(h, dir, -1) would, beside the
+ * running calls. dir NULL or "" stops watching. */
+tacclStatus tacclWatch(tacclRuntime* h, const char* dir, int64_t everyMs);
+/* *swaps (may be NULL): sets the watcher swapped in so far. TACCL_WARNING when the last changed directory
+ * was refused (the message in tacclLastError; the set before it keeps serving). */
+tacclStatus tacclWatchStatus(tacclRuntime* h, int64_t* swaps);
 /* Load every file of MSCCL_XML_FILES (colon-separated), or TACCL_XML_FILES when the former is unset.
  * All or nothing: if one file fails, none is kept. *nloaded may be NULL. */
 tacclStatus tacclLoadFromEnv(tacclRuntime* h, int* nloaded);

@@ -1,20 +1,29 @@
 // The C API: each function casts the handle and forwards to Runtime, inside try/catch so no C++ exception
 // crosses extern "C".
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
+#include <thread>
 
 #include "../include/taccl_runtime.h"
 #include "runtime.h"
 
 struct tacclRuntime {
   taccl::Runtime rt;
-  std::string error;
+  // the last message per thread: a swap from one thread and calls from others each read their own
+  std::mutex errorMu;
+  std::map<std::thread::id, std::string> errors;
+  void setMessage(const std::string& m) {
+    std::lock_guard<std::mutex> lock(errorMu);
+    errors[std::this_thread::get_id()] = m;
+  }
 };
 
 namespace {
 
 tacclStatus setError(tacclRuntime* h, const std::string& m) {
-  if (h) h->error = m;
+  if (h) h->setMessage(m);
   return TACCL_ERROR;
 }
 
@@ -22,7 +31,7 @@ template <class F>
 tacclStatus guarded(tacclRuntime* h, F&& f) {
   if (!h) return TACCL_ERROR;
   try {
-    h->error.clear();
+    h->setMessage("");
     return f();
   } catch (const taccl::ProgramError& e) {
     return setError(h, e.what());
@@ -49,7 +58,15 @@ tacclRuntime* tacclCreate(void) {
 
 void tacclDestroy(tacclRuntime* h) { delete h; }
 
-const char* tacclLastError(const tacclRuntime* h) { return h ? h->error.c_str() : "null handle"; }
+const char* tacclLastError(const tacclRuntime* h) {
+  if (!h) return "null handle";
+  static thread_local std::string copy;  // stable for the caller until its next call on the handle
+  auto* m = const_cast<tacclRuntime*>(h);
+  std::lock_guard<std::mutex> lock(m->errorMu);
+  auto it = m->errors.find(std::this_thread::get_id());
+  copy = it == m->errors.end() ? "" : it->second;
+  return copy.c_str();
+}
 
 tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value) {
   return guarded(h, [&]() -> tacclStatus {
@@ -98,11 +115,49 @@ tacclStatus tacclLoadFromEnv(tacclRuntime* h, int* nloaded) {
   });
 }
 
-int tacclNumPrograms(const tacclRuntime* h) { return h ? (int)h->rt.programs().size() : 0; }
+tacclStatus tacclSwap(tacclRuntime* h, const char* paths, int64_t epoch, int64_t* applied) {
+  return guarded(h, [&]() -> tacclStatus {
+    if (!paths || !*paths) return setError(h, "no file given for the new set");
+    std::vector<std::string> list;
+    std::string all(paths);
+    for (size_t start = 0; start <= all.size();) {
+      size_t end = all.find(':', start);
+      if (end == std::string::npos) end = all.size();
+      if (end > start) list.push_back(all.substr(start, end - start));
+      start = end + 1;
+    }
+    const int64_t e = h->rt.swap(list, epoch);
+    if (applied) *applied = e;
+    return TACCL_OK;
+  });
+}
+
+int64_t tacclNextCall(const tacclRuntime* h) { return h ? h->rt.nextCall() : -1; }
+
+tacclStatus tacclWatch(tacclRuntime* h, const char* dir, int64_t everyMs) {
+  return guarded(h, [&]() -> tacclStatus {
+    h->rt.watch(dir ? dir : "", everyMs);
+    return TACCL_OK;
+  });
+}
+
+tacclStatus tacclWatchStatus(tacclRuntime* h, int64_t* swaps) {
+  return guarded(h, [&]() -> tacclStatus {
+    auto [n, error] = h->rt.watchStatus();
+    if (swaps) *swaps = n;
+    if (error.empty()) return TACCL_OK;
+    h->setMessage(error);
+    return TACCL_WARNING;
+  });
+}
+
+int tacclNumPrograms(const tacclRuntime* h) { return h ? (int)h->rt.programs()->programs.size() : 0; }
 
 tacclStatus tacclGetProgramInfo(const tacclRuntime* h, int index, tacclProgramInfo* info) {
-  if (!h || !info || index < 0 || index >= (int)h->rt.programs().size()) return TACCL_ERROR;
-  const taccl::Program& p = *h->rt.programs()[index];
+  if (!h || !info) return TACCL_ERROR;
+  auto set = h->rt.programs();  // its strings stay valid: the handle keeps every set it had
+  if (index < 0 || index >= (int)set->programs.size()) return TACCL_ERROR;
+  const taccl::Program& p = *set->programs[index];
   info->path = p.path.c_str();
   info->name = p.name.c_str();
   info->coll = (int)p.coll;
@@ -144,16 +199,20 @@ static tacclStatus runImpl(tacclRuntime* h, int program, int coll, int dtype, in
     result->program = -1;
     result->elapsedUs = 0;
     result->tiles = 0;
+    result->call = result->generation = -1;
     if (coll < 0 || coll > 5) return setError(h, "unknown collective " + std::to_string(coll));
     int chosen = -1;
     int64_t tiles = 0;
+    taccl::CallStamp stamp;
     taccl::RunReport rep = h->rt.runCall(program, (taccl::Coll)coll, dtype, op, nranks, count, sendbufs, recvbufs,
-                                         root, host, &chosen, &tiles);
+                                         root, host, &chosen, &tiles, &stamp);
     result->outcome = (int)rep.outcome;
     result->program = chosen;
     result->elapsedUs = rep.elapsedUs;
     result->tiles = tiles;
-    h->error = rep.message;
+    result->call = stamp.call;
+    result->generation = stamp.generation;
+    h->setMessage(rep.message);
     return TACCL_OK;
   });
 }

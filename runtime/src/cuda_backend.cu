@@ -442,7 +442,7 @@ struct PerDev {
 };
 
 struct LaunchShape {
-  const Program* prog;
+  uint64_t prog;  // Program::uid
   int64_t S, C;
   int M, dtype, op, ndev, lines, direct;
   size_t typeSize;
@@ -806,7 +806,7 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
         }
     // LL runs its line protocol: every 8 payload bytes travel with their call's flag in one 16-byte store.
     const int lines = plan.prog->proto == Proto::LL ? 1 : 0;
-    const LaunchShape shape{plan.prog, plan.S, plan.C, plan.M, plan.call.dtype, plan.call.op, ndev, lines,
+    const LaunchShape shape{plan.prog->uid, plan.S, plan.C, plan.M, plan.call.dtype, plan.call.op, ndev, lines,
                             opt.direct && !lines,  // LL lines carry their flags in the FIFO slot
                             plan.typeSize, opt.timeoutMs};
     if (cache) {

@@ -1,6 +1,7 @@
 #include "program.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -181,6 +182,9 @@ Program loadProgramText(const std::string& text, const std::string& path, const 
   p.inplace = parseInt(w, algo, "inplace", INT_MIN, INT_MAX) != 0;
   // Legacy files have no outofplace: there inplace="0" means out-of-place only.
   p.outofplace = parseInt(w, algo, "outofplace", INT_MIN, INT_MAX, false, p.inplace ? 0 : 1) != 0;
+  p.executorDialect = algo.find("outofplace") != nullptr;
+  static std::atomic<uint64_t> uids{0};
+  p.uid = ++uids;
   p.minBytes = parseInt(w, algo, "minBytes", 0, INT64_MAX, false, 0);
   p.maxBytes = parseInt(w, algo, "maxBytes", 0, INT64_MAX, false, 0);
   if (p.maxBytes != 0 && p.minBytes > p.maxBytes) fail(w, "minBytes > maxBytes");

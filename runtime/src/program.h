@@ -39,6 +39,8 @@ struct Program {
   int nchannels = 1, nchunks = 1, ngpus = 1;
   bool inplace = false, outofplace = true;
   int root = 0;  // broadcast and reduce: the root the program is written for (attribute root, default 0)
+  bool executorDialect = true;  // the file has outofplace (the executor's dialect), else the legacy one
+  uint64_t uid = 0;  // unique in the process: caches key by it, never by an address a new program may reuse
   int64_t minBytes = 0, maxBytes = 0;  // maxBytes 0 = unbounded, else inclusive
   std::vector<RankProgram> ranks;      // indexed by rank id
 

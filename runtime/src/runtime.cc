@@ -1,11 +1,17 @@
 #include "runtime.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 namespace taccl {
 
-Runtime::Runtime() {
+Runtime::Runtime() : set_(std::make_shared<ProgramSet>()) {
+  history_.push_back(set_);
   if (const char* t = std::getenv("TACCL_RUNTIME_TIMEOUT_MS")) {
     long long v = std::atoll(t);
     if (v > 0) run.timeoutMs = v;
@@ -17,42 +23,74 @@ Runtime::Runtime() {
   }
 }
 
-void Runtime::loadFile(const std::string& path) {
+std::shared_ptr<const Program> Runtime::load(const std::string& path) const {
   LoadOptions lo;
   lo.analysis = analysis;
-  programs_.push_back(std::make_unique<Program>(loadProgramFile(path, lo)));
+  return std::make_shared<const Program>(loadProgramFile(path, lo));
 }
+
+void Runtime::append(std::vector<std::shared_ptr<const Program>> more) {
+  std::lock_guard<std::mutex> lock(mu_);
+  applyDue(nextCall_);
+  auto set = std::make_shared<ProgramSet>(*set_);
+  set->programs.insert(set->programs.end(), more.begin(), more.end());
+  set->generation = ++generations_;
+  set_ = set;
+  history_.push_back(set_);
+}
+
+void Runtime::loadFile(const std::string& path) { append({load(path)}); }
 
 int Runtime::loadFromEnv() {
   const char* env = std::getenv("MSCCL_XML_FILES");
   if (!env || !*env) env = std::getenv("TACCL_XML_FILES");
   if (!env || !*env) return 0;
-  std::vector<std::unique_ptr<Program>> loaded;
+  std::vector<std::shared_ptr<const Program>> loaded;
   std::string list(env);
   size_t start = 0;
-  LoadOptions lo;
-  lo.analysis = analysis;
   while (start <= list.size()) {
     size_t end = list.find(':', start);
     if (end == std::string::npos) end = list.size();
     std::string path = list.substr(start, end - start);
-    if (!path.empty()) loaded.push_back(std::make_unique<Program>(loadProgramFile(path, lo)));
+    if (!path.empty()) loaded.push_back(load(path));
     start = end + 1;
   }
-  int n = (int)loaded.size();
-  for (auto& p : loaded) programs_.push_back(std::move(p));
+  const int n = (int)loaded.size();
+  append(std::move(loaded));
   return n;
 }
 
+void Runtime::applyDue(int64_t call) {
+  while (!pending_.empty() && pending_.begin()->first <= call) {
+    set_ = pending_.begin()->second;
+    pending_.erase(pending_.begin());
+  }
+}
+
+std::shared_ptr<const ProgramSet> Runtime::programs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto set = set_;
+  for (auto& [epoch, pending] : pending_)
+    if (epoch <= nextCall_) set = pending;
+  return set;
+}
+
+int64_t Runtime::nextCall() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return nextCall_;
+}
+
+namespace {
+
 bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
 
-int Runtime::select(Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root) const {
+int selectIn(const ProgramSet& set, Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root) {
   const size_t ts = typeSize(dtype);
   if (count <= 0 || !ts) return -1;
   const int64_t N = count * sizeMultiplier(coll, nranks);
   const int64_t nBytes = N * (int64_t)ts;
-  for (size_t i = 0; i < programs_.size(); ++i) {
-    const Program& p = *programs_[i];
+  for (size_t i = 0; i < set.programs.size(); ++i) {
+    const Program& p = *set.programs[i];
     if (p.coll != coll || p.ngpus != nranks) continue;
     if (inplace ? !p.inplace : !p.outofplace) continue;
     if (rooted(coll) && p.root != root) continue;
@@ -63,6 +101,146 @@ int Runtime::select(Coll coll, int nranks, int64_t count, int dtype, bool inplac
   }
   return -1;
 }
+
+// The files a swap loads: a directory stands for its regular files in name order (as MSCCL_ALGO_DIR).
+std::vector<std::string> expandPaths(const std::vector<std::string>& paths) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (!fs::is_directory(p, ec)) {
+      out.push_back(p);
+      continue;
+    }
+    std::vector<std::string> files;
+    for (auto& e : fs::directory_iterator(p, ec))
+      if (e.is_regular_file(ec)) files.push_back(e.path().string());
+    if (ec) throw ProgramError(p + ": cannot list the directory: " + ec.message());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw ProgramError(p + ": the directory holds no file");
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+int Runtime::select(Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root) const {
+  return selectIn(*programs(), coll, nranks, count, dtype, inplace, root);
+}
+
+int64_t Runtime::swap(const std::vector<std::string>& paths, int64_t epoch) {
+  // Load and prove every file before anything changes: a set that fails is refused whole.
+  std::vector<std::shared_ptr<const Program>> loaded;
+  for (const std::string& f : expandPaths(paths)) loaded.push_back(load(f));
+  if (loaded.empty()) throw ProgramError("the new set names no file");
+  for (auto& p : loaded)
+    if (p->executorDialect != loaded[0]->executorDialect)
+      throw ProgramError("the new set mixes XML dialects: " + loaded[0]->path + " is " +
+                         (loaded[0]->executorDialect ? "executor" : "legacy") + ", " + p->path + " " +
+                         (p->executorDialect ? "executor" : "legacy") +
+                         " (their windows and call kinds read differently)");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch < 0)  // as soon as possible: the next call, or the one after the last set already waiting
+    epoch = std::max(nextCall_, pending_.empty() ? 0 : pending_.rbegin()->first + 1);
+  if (epoch < nextCall_)
+    throw ProgramError("epoch " + std::to_string(epoch) + " has passed: the communicator's next call is number " +
+                       std::to_string(nextCall_));
+  if (pending_.count(epoch)) throw ProgramError("a set is already waiting for epoch " + std::to_string(epoch));
+  // What the set replaces: the one serving the calls just before the epoch.
+  auto before = set_;
+  for (auto& [e, s] : pending_)
+    if (e < epoch) before = s;
+  int ranks = ranks_;
+  if (!ranks && !before->programs.empty()) ranks = before->programs[0]->ngpus;
+  for (auto& p : loaded)
+    if (ranks && p->ngpus != ranks)
+      throw ProgramError(p->path + ": written for " + std::to_string(p->ngpus) + " ranks, but this communicator has " +
+                         std::to_string(ranks));
+  for (auto& old : before->programs) {
+    bool served = false;
+    for (auto& p : loaded) served |= p->coll == old->coll;
+    if (!served)
+      throw ProgramError(std::string("the new set has no ") + collName(old->coll) + " program, which the current "
+                         "set serves: its calls would silently go back to the default algorithm (include one)");
+  }
+  auto set = std::make_shared<ProgramSet>();
+  set->programs = std::move(loaded);
+  set->generation = ++generations_;
+  pending_[epoch] = set;
+  history_.push_back(set);
+  return epoch;
+}
+
+namespace {
+
+// What changes when a directory is rewritten: its inode (a batch swaps in a new directory), its modification
+// time, and its files' names, sizes and times.
+std::string dirStamp(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::ostringstream o;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return "";
+  o << st.st_ino << ':' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec;
+  std::vector<std::string> entries;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    struct stat fst;
+    if (::stat(e.path().c_str(), &fst) == 0)
+      entries.push_back(e.path().filename().string() + ':' + std::to_string(fst.st_size) + ':' +
+                        std::to_string(fst.st_mtim.tv_sec) + '.' + std::to_string(fst.st_mtim.tv_nsec));
+  }
+  std::sort(entries.begin(), entries.end());
+  for (auto& e : entries) o << '|' << e;
+  return o.str();
+}
+
+}  // namespace
+
+void Runtime::watch(const std::string& dir, int64_t everyMs) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watchStop_ = true;
+  }
+  watchWake_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+  if (dir.empty()) return;
+  if (everyMs <= 0) throw ProgramError("the watch interval must be positive");
+  std::string stamp = dirStamp(dir);
+  if (stamp.empty()) throw ProgramError(dir + ": cannot watch: no such directory");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watchStop_ = false;
+  }
+  watcher_ = std::thread([this, dir, everyMs, stamp]() mutable {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!watchWake_.wait_for(lock, std::chrono::milliseconds(everyMs), [this] { return watchStop_; })) {
+      lock.unlock();
+      std::string now = dirStamp(dir);
+      std::string error;
+      bool swapped = false;
+      if (!now.empty() && now != stamp) {
+        stamp = now;
+        try {
+          swap({dir}, -1);
+          swapped = true;
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
+      lock.lock();
+      if (swapped) watchSwaps_++;
+      if (!error.empty()) watchError_ = error;
+    }
+  });
+}
+
+std::pair<int64_t, std::string> Runtime::watchStatus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {watchSwaps_, watchError_};
+}
+
+Runtime::~Runtime() { watch("", 0); }
 
 bool detectInPlace(Coll coll, int nranks, int64_t count, size_t ts, void* const* send, void* const* recv,
                    std::string* err) {
@@ -86,10 +264,26 @@ bool detectInPlace(Coll coll, int nranks, int64_t count, size_t ts, void* const*
 }
 
 RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks, int64_t count, void* const* send,
-                           void* const* recv, int root, bool hostBuffers, int* chosen, int64_t* tiles) {
+                           void* const* recv, int root, bool hostBuffers, int* chosen, int64_t* tiles,
+                           CallStamp* stamp) {
   RunReport rep;
   *chosen = -1;
   *tiles = 0;
+  // The call's number and the set it runs on, taken together: a swap due at this number applies now, and
+  // a later swap does not touch this call (it keeps its set alive to the end).
+  std::shared_ptr<const ProgramSet> set;
+  CallStamp st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    st.call = nextCall_++;
+    applyDue(st.call);
+    set = set_;
+    st.generation = set->generation;
+    if (!ranks_ && nranks >= 1) ranks_ = nranks;
+    if (backend == 1 && cudaCache && !cudaCache_) cudaCache_.reset(newCudaCache());
+  }
+  if (stamp) *stamp = st;
+  const auto& programs = set->programs;
   auto failed = [&](const std::string& m) {
     rep.outcome = Outcome::Failed;
     rep.message = m;
@@ -107,7 +301,7 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
   if (!err.empty()) return failed(err);
   if (rooted(coll) && (root < 0 || root >= nranks)) return failed("root " + std::to_string(root) + " is not a rank");
   if (program < 0) {
-    program = select(coll, nranks, count, dtype, inplace, root);
+    program = selectIn(*set, coll, nranks, count, dtype, inplace, root);
     if (program < 0) {
       rep.outcome = Outcome::NoMatch;
       std::ostringstream o;
@@ -117,11 +311,11 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
       rep.message = o.str();
       return rep;
     }
-  } else if (program >= (int)programs_.size()) {
+  } else if (program >= (int)programs.size()) {
     return failed("no program with index " + std::to_string(program));
-  } else if (rooted(coll) && programs_[program]->root != root) {
-    return failed(programs_[program]->path + ": a " + collName(coll) + " program for root " +
-                  std::to_string(programs_[program]->root) + " cannot run a call with root " + std::to_string(root));
+  } else if (rooted(coll) && programs[program]->root != root) {
+    return failed(programs[program]->path + ": a " + collName(coll) + " program for root " +
+                  std::to_string(programs[program]->root) + " cannot run a call with root " + std::to_string(root));
   }
   *chosen = program;
   CallSpec call;
@@ -134,7 +328,7 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
   call.root = root;
   Plan plan;
   try {
-    plan = makePlan(*programs_[program], call, tileBytes);
+    plan = makePlan(*programs[program], call, tileBytes);
   } catch (const ProgramError& e) {
     return failed(e.what());
   }
@@ -144,11 +338,7 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
     bufs[r * 3 + BUF_I] = (char*)send[r];
     bufs[r * 3 + BUF_O] = (char*)recv[r];
   }
-  if (backend == 1) {
-    if (cudaCache && !cudaCache_) cudaCache_.reset(newCudaCache());
-    if (!cudaCache) cudaCache_.reset();
-    return runCuda(plan, bufs, hostBuffers, run, cudaCache_.get());
-  }
+  if (backend == 1) return runCuda(plan, bufs, hostBuffers, run, cudaCache ? cudaCache_.get() : nullptr);
   return runHost(plan, bufs, run);
 }
 

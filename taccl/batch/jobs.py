@@ -126,7 +126,11 @@ def plan(sku: Sku) -> list:
     """Every task of the SKU, in a deterministic order (candidates first: they take longest)."""
     from ..simulator import SimOptions
 
+    from ..topology import structure_digest
+
     topo_fp = hashlib.sha256(json.dumps(sku.spec.raw, sort_keys=True).encode()).hexdigest()
+    # a baseline's program depends on the topology's structure only: a degraded NIC reuses it (issue 13)
+    structure_fp = structure_digest(sku.spec)
     sim_opts = asdict(SimOptions())
     solver = {"name": sku.solver, "version": _package_version(sku.solver), "time_limit_s": sku.time_limit_s,
               "stall_s": sku.stall_s, "threads": sku.threads, "seed": sku.seed}
@@ -199,7 +203,7 @@ def plan(sku: Sku) -> list:
                 progs = []
                 for proto in sku.baseline_protocols:
                     for inst in sku.baseline_instances:
-                        pkey = digest({"kind": "program", "baseline": name, "topology": topo_fp, "nodes": n,
+                        pkey = digest({"kind": "program", "baseline": name, "structure": structure_fp, "nodes": n,
                                        "collective": coll, "proto": proto, "instances": inst, "max_tbs": sku.max_tbs})
                         plabel = f"{name}/{proto}" + (f".i{inst}" if inst > 1 else "")
                         progs.append(program(pkey, plabel, "baseline", name, proto, inst, n))
