@@ -17,7 +17,7 @@ from . import __version__
 from .errors import TacclError
 
 # Dispatch table, in the order `taccl --help` lists them. A command whose module is not present is skipped.
-COMMANDS = ["solve", "lower", "check", "simulate", "baseline", "run", "profile", "batch", "topology"]
+COMMANDS = ["solve", "lower", "check", "simulate", "baseline", "run", "profile", "batch", "swap", "topology"]
 
 
 def build_parser() -> argparse.ArgumentParser:

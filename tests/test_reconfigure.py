@@ -271,3 +271,31 @@ def test_degraded_nic_loop_end_to_end(tmp_path):
     assert reused > 0  # the baselines' programs
     # on the degraded topology the new set is faster than the old one over the grid
     assert float(r.stdout.split("geometric mean ")[1].split()[0]) <= 1.0
+
+
+def test_swap_command_publishes_only_a_set_the_watching_jobs_would_take(sets, tmp_path, capsys):
+    """`taccl swap NEW --into DIR` checks the new set as a communicator watching DIR would, then replaces
+    DIR's files at once; a refused set leaves DIR as it was (exit 2, one message)."""
+    from taccl.cli import main
+
+    live = tmp_path / "live"
+    assert main(["swap", str(sets[0]), "--into", str(live), "-q"]) == 0  # made when absent
+    before = {p.name: p.read_bytes() for p in live.iterdir()}
+    legacy_dir = tmp_path / "mixed"
+    legacy_dir.mkdir()
+    (legacy_dir / "a.xml").write_text((sets[1] / "allreduce.xml").read_text())
+    head = (sets[1] / "allgather.xml").read_text().splitlines()[0]
+    (legacy_dir / "b.xml").write_text((sets[1] / "allgather.xml").read_text().replace(
+        head, head.replace(' outofplace="1"', "").replace(' inplace="1"', ' inplace="0"')
+                  .replace(' minBytes="0" maxBytes="0"', "")))
+    for new, needle in ((DATA / "ring_allreduce_8.xml", "written for 8 ranks, but this communicator has 16"),
+                        (sets[1] / "allgather.xml", "the new set has no allreduce program"),
+                        (legacy_dir, "mixes XML dialects"),
+                        (DATA / "bad_race.xml", "data race")):
+        capsys.readouterr()
+        assert main(["swap", str(new), "--into", str(live)]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "unchanged" in err and err.count("\n") == 1, err
+        assert {p.name: p.read_bytes() for p in live.iterdir()} == before
+    assert main(["swap", str(sets[2]), "--into", str(live), "-q"]) == 0
+    assert {p.name: p.read_bytes() for p in live.iterdir()} == {p.name: p.read_bytes() for p in sets[2].iterdir()}
