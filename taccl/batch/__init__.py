@@ -31,7 +31,7 @@ from ..progress import SILENT
 from ..targets import DEFAULT_TARGET
 from .cache import OutdirLock, Store
 from .executors import EXECUTORS, run_local, run_ray
-from .jobs import Task, plan
+from .jobs import Task, WithRecords, deployed, plan
 from .selection import Selection, select, write_outputs
 from .sku import Sku, load_sku
 
@@ -175,8 +175,11 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
         for target in sku.targets:
             target_dir = outdir if sku.targets == (DEFAULT_TARGET,) else outdir / target
             report(f"{target}: selecting the fastest program per size and writing the XML programs")
-            selection = select(sku, tasks, store, cached_keys=cached_keys, target=target)
-            write_outputs(selection, target_dir, store, emit_baselines=sku.emit_baselines)
+            # what a previous run deployed competes again, so a rerun never makes a window slower
+            incumbents, records = deployed(sku, target_dir, tasks, store, target)
+            view = WithRecords(store, records)
+            selection = select(sku, tasks, view, cached_keys=cached_keys, target=target, deployed=incumbents)
+            write_outputs(selection, target_dir, view, emit_baselines=sku.emit_baselines)
             write_report(selection, target_dir, sku, plots=plots, wall_s=time.monotonic() - t0)
             targets[target] = (selection, target_dir)
         selection, target_dir = next(iter(targets.values()))

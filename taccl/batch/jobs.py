@@ -214,6 +214,78 @@ def plan(sku: Sku) -> list:
     return tasks
 
 
+def _body_digest(xml: str) -> str:
+    """A program's digest without its <algo> line (name, window and call kinds are set when it is written)."""
+    return hashlib.sha256(xml.split("\n", 1)[-1].encode()).hexdigest()
+
+
+def deployed(sku: Sku, outdir: Path, tasks: list, store, target: str) -> tuple:
+    """The programs a previous run of this batch wrote into `outdir` (for `target`) where a synthesized
+    candidate won, that none of this run's programs repeats: ({(collective, nodes): [ProgramJob]}, {key:
+    record}), their program and simulation records made here (on the SKU's topology as it is now) and kept
+    out of the cache. They compete with this run's programs, so a rerun after the topology changed (a
+    degraded NIC: `benchmarks/degraded_nic.py`) never replaces a window's program by a slower one: fresh
+    syntheses for the new costs are heuristic and may do worse where the old program still does well.
+    Files that no longer parse or simulate (another structure) are left out."""
+    from ..simulator import Simulator
+    from ..topology import Topology
+    from ..xmlio import parse_xml
+
+    previous = outdir / "selection.json"
+    if not previous.is_file():
+        return {}, {}
+    try:
+        doc = json.loads(previous.read_text())
+    except (OSError, ValueError):
+        return {}, {}
+    fresh = set()  # this run's programs, by body, per group
+    for t in tasks:
+        for p in t.programs:
+            rec = store.get(p.key)
+            if rec and rec.get("status") == "ok" and t.kind == "synthesis":
+                fresh.add((t.collective, t.nodes, _body_digest(rec["xml"])))
+    out, records = {}, {}
+    for g in doc.get("groups", []):
+        if g.get("collective") not in sku.collectives or g.get("nodes") not in sku.nodes:
+            continue
+        for w in g.get("windows", []):
+            if w.get("kind") != "synthesized" or not w.get("file"):
+                continue
+            try:
+                text = (outdir / w["file"]).read_text()
+            except (OSError, UnicodeDecodeError):
+                continue
+            body = _body_digest(text)
+            key = digest({"kind": "deployed", "program": body})
+            if (g["collective"], g["nodes"], body) in fresh or key in records:
+                continue
+            label = f"deployed:{w['winner'].removeprefix('deployed:')}"
+            try:
+                program = parse_xml(text).program
+                sim = Simulator(program, Topology(sku.spec, g["nodes"]))
+                results = [sim.run(s) for s in sku.grid]
+            except Exception:  # another structure, a file edited by hand: it simply does not compete
+                continue
+            records[key] = {"key": key, "kind": "program", "status": "ok", "label": label, "xml": text}
+            records[key + ".sim"] = {"key": key + ".sim", "kind": "simulation", "status": "ok", "label": label,
+                                     "sizes": list(sku.grid), "time_us": [r.time_us for r in results],
+                                     "algbw_GBps": [r.algbw_GBps for r in results]}
+            out.setdefault((g["collective"], g["nodes"]), []).append(ProgramJob(
+                key=key, sim_key=key + ".sim", label=label, kind="synthesized", source="deployed",
+                proto=str(program.proto), instances=1, target=lowered_for(get_target(target))))
+    return out, records
+
+
+class WithRecords:
+    """A store that also answers from `records` (kept in memory, never written)."""
+
+    def __init__(self, store, records: dict):
+        self.store, self.records = store, records
+
+    def get(self, key: str):
+        return self.records.get(key) or self.store.get(key)
+
+
 # ------------------------------------------------------------------------------------------------------
 # Running one task (in a worker process, a Ray worker, or inline)
 

@@ -176,7 +176,9 @@ def _shortfalls(g: Group) -> list:
     return out
 
 
-def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: str = DEFAULT_TARGET) -> Selection:
+def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: str = DEFAULT_TARGET,
+           deployed: dict | None = None) -> Selection:
+    """`deployed`: {(collective, nodes): [ProgramJob]} that compete too (`taccl.batch.jobs.deployed`)."""
     from ..topology import Topology
 
     runtime = get_target(target)
@@ -196,6 +198,9 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: s
         for prog in task.programs:
             if prog.target == lowering or prog.kind == "baseline":
                 g.contenders.append(_contender(prog, store))
+    for (coll, nodes), progs in (deployed or {}).items():
+        if (coll, nodes) in groups:
+            groups[(coll, nodes)].contenders += [_contender(p, store) for p in progs]
     for g in groups.values():
         g.windows = _windows(g, sku.merge_tolerance)
         g.shortfalls = _shortfalls(g)
@@ -301,8 +306,9 @@ def _picks(ok: list, n: int, tolerance: float) -> list:
 
 def _windows(g: Group, tolerance: float = 0.0) -> list:
     ok = [c for c in g.contenders if c.status == "ok"]
-    # baselines first, then by label: ties go to the baseline, and the order never depends on the run
-    ok.sort(key=lambda c: (c.kind != "baseline", c.label))
+    # baselines first, a previous run's deployed programs last, then by label: ties go to the baseline, a
+    # fresh program beats a deployed one it ties with, and the order never depends on the run
+    ok.sort(key=lambda c: (c.kind != "baseline", c.source == "deployed", c.label))
     winners = _picks(ok, len(g.sizes), tolerance)
     best_base = [min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_us[i], default=None)
                  for i in range(len(g.sizes))]
