@@ -30,6 +30,21 @@ def test_published_h100_times_are_predicted_within_25_percent():
                                                      and r.kind == "nccl" and r.size > 262144}
 
 
+def test_the_runtimes_own_gpu_times_are_predicted_within_25_percent():
+    """taccl's CUDA runtime measured on one H100 (8 virtual ranks): the topology fitted to it
+    (benchmarks/runtime_fit.py) predicts every measured point within 25%."""
+    import runtime_fit as fit
+
+    rows = fit.measured()
+    assert len(rows) >= 40
+    spec = load_spec(str(fit.RESULTS / "h100-virtual-ranks.json"))
+    topo = Topology(spec, 1)
+    sims = {name: Simulator(p, topo) for name, p in fit.programs(rows).items()}
+    bad = [(name, size, t, round(sims[name].run(size).time_us, 1)) for name, size, t in rows
+           if abs(sims[name].run(size).time_us / t - 1) > 0.25]
+    assert not bad
+
+
 def test_nccl_channel_rule():
     import calibration as cal
 
