@@ -16,7 +16,9 @@
 # SWEEP=0 skips the sweeps; ITERS runs per case (default 2); LARGE="FILES" sweeps them at 256 MiB and 1 GiB;
 # BENCH="FILES" runs taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) with direct transfers on and
 # off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device buffers with the
-# backend's state kept and rebuilt (benchmarks/runtime_calls.py); PROFILE=1 runs `taccl profile --quick`; SMALL_S, MEDIUM_S,
+# backend's state kept and rebuilt (benchmarks/runtime_calls.py); LL128=1 sweeps the LL128 programs with the
+# LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default until this passes) and benches the FILES of
+# LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; SMALL_S, MEDIUM_S,
 # LARGE_S, BENCH_S are the stages' time limits in seconds.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
@@ -70,6 +72,20 @@ if [ "${SWEEP:-1}" = 1 ]; then
     "${DIRS[@]}"
   log "sweep: 16 MiB float32"
   sweep sweep-16m "${MEDIUM_S:-150}" --sizes 16MiB --dtypes float32 --iters 1 --only-outofplace "${DIRS[@]}"
+fi
+
+if [ -n "${LL128:-}" ]; then
+  log "LL128 line protocol: sweep of the LL128 programs with it on"
+  mapfile -t ll128 < <(grep -l 'proto="LL128"' $(for d in "${DIRS[@]}"; do echo "$d"/*.xml; done) 2>/dev/null)
+  TACCL_RUNTIME_LL128=1 sweep sweep-ll128 "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB,16MiB --dtypes float32,bfloat16 \
+    --iters 2 "${ll128[@]}"
+  for f in ${LL128_BENCH:-}; do
+    for on in 0 1; do
+      echo "# TACCL_RUNTIME_LL128=$on" >> "$OUT/bench-ll128.txt"
+      TACCL_RUNTIME_LL128=$on timeout "${BENCH_S:-60}" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 \
+        -e "${BENCH_MAX:-268435456}" -f 4 -w 2 -n 5 -c 1 >> "$OUT/bench-ll128.txt" 2>&1
+    done
+  done
 fi
 
 # A program that deadlocks (both ranks fill their FIFO before receiving) must be stopped by the watchdog with

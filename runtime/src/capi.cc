@@ -87,6 +87,8 @@ tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value) {
       h->rt.analysis = value != 0;
     } else if (n == "cuda_cache") {
       h->rt.cudaCache = value != 0;
+    } else if (n == "ll128") {
+      h->rt.run.ll128 = value != 0;
     } else if (n == "direct") {
       h->rt.run.direct = value != 0;
     } else if (n == "cuda_devices") {

@@ -18,11 +18,12 @@
 //        release covers both
 //   bool endWork(bool ok)                        barrier after the data loop, before a post; returns
 //                                                whether `ok` held in every thread of the block
-//   static constexpr bool kLines                 the backend implements LL's line protocol:
-//   bool moveLines<T, Op>(a, aLines, b, d1, d2, n, inFlag, outFlag, const WaitInfo&)
-//        move() where a (when aLines) and d2 are FIFO slots of 16-byte lines, each 8 payload bytes and their
-//        call's flag twice: a line is read once its flags say it is there (no head counter, no fence);
-//        false = aborted while waiting
+//   static constexpr bool kLines                 the backend implements line protocols (LaunchArgs.lines):
+//   bool moveLines<T, Op>(kind, a, aLines, b, d1, d2, n, inFlag, outFlag, const WaitInfo&)
+//        move() where a (when aLines) and d2 are FIFO slots of flagged lines: kind 1, LL: 16-byte lines of 8
+//        payload bytes and their call's flag twice; kind 2, LL128: 128-byte lines of 120 payload bytes and
+//        the flag, written by 8 threads of one warp at once. A line is read once its flag says it is there
+//        (no head counter, no fence); false = aborted while waiting
 //   void postRelaxed(uint64_t* p, uint64_t v, bool sys)   a credit store that needs no release
 //   template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n)
 //        x = a[i] (b null) or Op(a[i], b[i]); write x to d1[i] and/or d2[i] (either may be null).
@@ -128,7 +129,8 @@ struct LaunchArgs {
   int64_t S;           // elements per chunk
   int64_t C;           // tile elements
   int M;               // max chunks per call
-  int lines;           // LL on a backend with kLines: FIFO slots hold flagged lines (slotBytes = 2x payload)
+  int lines;           // on a backend with kLines: FIFO slots hold flagged lines, 1 LL (slotBytes 2x the
+                       // payload), 2 LL128 (128 bytes per 120); 0 none
   int direct;          // run the steps' DIRECT_* marks (never together with lines)
   uint32_t epoch;      // LL lines: call k of a connection carries flag epoch + k (k = 1, 2, ...), so lines
                        // left in a reused FIFO by an earlier run never match
@@ -186,7 +188,8 @@ struct Interpreter {
         // LL: the lines carry their own flags, so the sender posts nothing and the receiver only returns
         // the slot (a credit: its reads are done, no data of its own to order).
         WaitInfo w{WAIT_RECV, step, doRecv ? tb.recvPeer : -1, 0, iter, cs.rcnt + 1};
-        const bool ok = be.template moveLines<T, Op>(ma, doRecv, mb, d1, out, n, a.epoch + (uint32_t)(cs.rcnt + 1),
+        const bool ok = be.template moveLines<T, Op>(a.lines, ma, doRecv, mb, d1, out, n,
+                                                     a.epoch + (uint32_t)(cs.rcnt + 1),
                                                      a.epoch + (uint32_t)(cs.scnt + 1), w);
         if (!be.endWork(ok)) return false;
         if (doRecv) be.postRelaxed(rc->tail, ++cs.rcnt, !rc->local);

@@ -253,11 +253,13 @@ struct DeviceBackend {
     return true;
   }
 
-  // move() with LL lines: each thread takes whole lines (8 payload bytes, whole elements since 8 is a
-  // multiple of every element size); a is a FIFO slot of lines when aLines, d2 always is.
+  // move() with flagged lines (kind 1 LL, 2 LL128); a is a FIFO slot of lines when aLines, d2 always is.
   template <class T, class Op>
-  __device__ bool moveLines(const T* a, bool aLines, const T* b, T* d1, T* d2, int64_t n, uint32_t inFlag,
-                            uint32_t outFlag, const WaitInfo& w) {
+  __device__ bool moveLines(int kind, const T* a, bool aLines, const T* b, T* d1, T* d2, int64_t n,
+                            uint32_t inFlag, uint32_t outFlag, const WaitInfo& w) {
+    if (kind == 2) return moveLines128<T, Op>(a, aLines, b, d1, d2, n, inFlag, outFlag, w);
+    // LL: each thread takes whole lines (8 payload bytes, whole elements since 8 is a multiple of every
+    // element size)
     const int64_t bytes = n * (int64_t)sizeof(T);
     const int64_t nlines = (bytes + 7) / 8;
     for (int64_t k = threadIdx.x; k < nlines; k += blockDim.x) {
@@ -272,6 +274,59 @@ struct DeviceBackend {
       if (b) x = reduceWord<T, Op>(x, loadPayload((const char*)b + off, valid));
       if (d1) storePayload((char*)d1 + off, x, valid);
       if (d2) storeLine((uint4*)d2 + k, x, outFlag);
+    }
+    return true;
+  }
+
+  // LL128 (NCCL's layout): a 128-byte line is 15 payload words and a flag word, written by 8 consecutive
+  // threads of a warp with one 16-byte store each (thread j holds words 2j and 2j+1, thread 7 the flag).
+  // Stores of one warp instruction to one 128-byte line reach memory together, so a reader that sees the
+  // flag sees the payload: no fence, no head counter. A warp takes 4 lines at a time; the loop and its
+  // votes are warp-uniform (lanes without a line vote too).
+  template <class T, class Op>
+  __device__ bool moveLines128(const T* a, bool aLines, const T* b, T* d1, T* d2, int64_t n, uint32_t inFlag,
+                               uint32_t outFlag, const WaitInfo& w) {
+    constexpr unsigned kFull = 0xffffffffu;
+    const int64_t bytes = n * (int64_t)sizeof(T);
+    const int64_t nlines = (bytes + 119) / 120;
+    const int lane = threadIdx.x & 31, j = lane & 7;
+    const int64_t warps = blockDim.x >> 5;
+    for (int64_t base = (threadIdx.x >> 5) * 4; base < nlines; base += warps * 4) {
+      const int64_t k = base + (lane >> 3);
+      const bool have = k < nlines;
+      const int64_t off = k * 120 + 16 * j;  // this thread's first payload byte
+      const int64_t left = bytes - off;
+      const int v0 = !have || left <= 0 ? 0 : left < 8 ? (int)left : 8;             // bytes of word 2j
+      const int v1 = j == 7 || !have || left <= 8 ? 0 : left < 16 ? (int)(left - 8) : 8;  // of word 2j+1
+      uint64_t x0 = 0, x1 = 0;
+      if (aLines) {
+        const uint4* p = (const uint4*)((const char*)a + k * 128) + j;
+        WaitClock clock;
+        for (;;) {
+          uint4 v = make_uint4(0, 0, 0, 0);
+          if (have) v = loadPack(p);
+          x0 = (uint64_t)v.x | ((uint64_t)v.y << 32);
+          x1 = (uint64_t)v.z | ((uint64_t)v.w << 32);
+          if (!__any_sync(kFull, have && j == 7 && x1 != (uint64_t)inFlag)) break;
+          if (__any_sync(kFull, !keepWaiting(clock, 0, w))) return false;
+        }
+      } else {
+        if (v0) x0 = loadPayload((const char*)a + off, v0);
+        if (v1) x1 = loadPayload((const char*)a + off + 8, v1);
+      }
+      if (b) {
+        if (v0) x0 = reduceWord<T, Op>(x0, loadPayload((const char*)b + off, v0));
+        if (v1) x1 = reduceWord<T, Op>(x1, loadPayload((const char*)b + off + 8, v1));
+      }
+      if (d1) {
+        if (v0) storePayload((char*)d1 + off, x0, v0);
+        if (v1) storePayload((char*)d1 + off + 8, x1, v1);
+      }
+      if (d2 && have) {
+        if (j == 7) x1 = outFlag;
+        asm volatile("st.volatile.global.v2.u64 [%0], {%1,%2};" ::"l"((uint4*)((char*)d2 + k * 128) + j), "l"(x0),
+                     "l"(x1) : "memory");
+      }
     }
     return true;
   }
@@ -486,6 +541,13 @@ struct CudaState {
   }
 };
 
+// A FIFO slot's bytes for `payload` bytes of data: LL doubles them (8 of 16), LL128 takes 128 per 120.
+int64_t lineSlotBytes(int64_t payload, int lines) {
+  if (lines == 1) return 2 * payload;
+  if (lines == 2) return (payload + 119) / 120 * 128;
+  return payload;
+}
+
 // Calls connection c makes per run: its sending block's send-type calls per tile, times the tiles.
 uint64_t callsOf(const Plan& plan, int c) {
   for (const TbLaunch& t : plan.tbs)
@@ -552,7 +614,7 @@ std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape
     const int recvDev = S.devOf(plan.conns[c].recvRank), sendDev = S.devOf(plan.conns[c].sendRank);
     uint64_t* head = (uint64_t*)S.per[recvDev].counters + headAt[c];
     uint64_t* tail = (uint64_t*)S.per[sendDev].counters + tailAt[c];
-    const size_t dataBytes = (size_t)plan.nslots * plan.slotBytes * (lines ? 2 : 1);
+    const size_t dataBytes = (size_t)plan.nslots * lineSlotBytes(plan.slotBytes, lines);
     char* data = (char*)al.alloc(recvDev, dataBytes);
     if (lines) S.lineData.push_back({data, dataBytes});
     S.conns[c] = Conn{head, tail, data, plan.conns[c].sendRank, plan.conns[c].recvRank, plan.conns[c].chan,
@@ -592,7 +654,7 @@ std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape
     a.ntbs = ntbs;
     a.conns = toDevice(al, d, S.conns);
     a.nslots = plan.nslots;
-    a.slotBytes = lines ? 2 * plan.slotBytes : plan.slotBytes;
+    a.slotBytes = lineSlotBytes(plan.slotBytes, lines);
     a.lines = lines;
     a.direct = shape.direct;
     pd.bufTable = (char**)al.alloc(d, sizeof(char*) * 3 * S.R);
@@ -804,8 +866,9 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
                               std::to_string(at.device) + ", but rank " + std::to_string(r) + " runs on GPU " +
                               std::to_string(r % ndev));
         }
-    // LL runs its line protocol: every 8 payload bytes travel with their call's flag in one 16-byte store.
-    const int lines = plan.prog->proto == Proto::LL ? 1 : 0;
+    // LL runs its line protocol: every 8 payload bytes travel with their call's flag in one 16-byte store;
+    // LL128 its own (120 bytes a 128-byte line) when the ll128 option is on (not yet proven on a GPU).
+    const int lines = plan.prog->proto == Proto::LL ? 1 : plan.prog->proto == Proto::LL128 && opt.ll128 ? 2 : 0;
     const LaunchShape shape{plan.prog->uid, plan.S, plan.C, plan.M, plan.call.dtype, plan.call.op, ndev, lines,
                             opt.direct && !lines,  // LL lines carry their flags in the FIFO slot
                             plan.typeSize, opt.timeoutMs};

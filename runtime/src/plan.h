@@ -47,6 +47,8 @@ struct RunOptions {
   int64_t timeoutMs = 10000;
   int cudaDevices = 0;
   bool direct = true;  // run the loader's direct transfers (Step::direct)
+  bool ll128 = false;  // CUDA: LL128 programs run NCCL's LL128 line protocol (else the Simple path with
+                       // LL128's tiles); off until a GPU sweep has proven it
 };
 
 enum class Outcome { Done = 0, NoMatch = 1, Deadlock = 2, Failed = 3 };
