@@ -125,7 +125,6 @@ def _variant_doc(doc: dict, chunkup, policy, proto=None, instances=None) -> dict
 def plan(sku: Sku) -> list:
     """Every task of the SKU, in a deterministic order (candidates first: they take longest)."""
     from ..simulator import SimOptions
-
     from ..topology import structure_digest
 
     topo_fp = hashlib.sha256(json.dumps(sku.spec.raw, sort_keys=True).encode()).hexdigest()
