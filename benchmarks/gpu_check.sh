@@ -105,10 +105,6 @@ import glob
 import cupy as cp
 from taccl import runtime as trt
 lib = trt._lib(cuda=True)
-P = ctypes.POINTER(ctypes.c_void_p)
-lib.tacclRun.restype = ctypes.c_int
-lib.tacclRun.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                         ctypes.c_int64, P, P, ctypes.c_int, ctypes.POINTER(trt._RunResult)]
 R, count = 8, 1 << 16
 with trt.Runtime(backend="cuda") as rt:
     idx = rt.load(sorted(glob.glob("gpu-inputs/baselines/ring-allreduce-n1-Simple.xml"))[0])

@@ -35,10 +35,6 @@ def main(argv=None) -> int:
     import cupy as cp
 
     lib = trt._lib(cuda=True)
-    P = ctypes.POINTER(ctypes.c_void_p)
-    lib.tacclRun.restype = ctypes.c_int
-    lib.tacclRun.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_int64, P, P, ctypes.c_int, ctypes.POINTER(trt._RunResult)]
     print(f"{'program':44s} {'size':>10s} {'cache':>5s} {'wall us':>9s} {'kernel us':>9s} {'wrong':>6s}")
     for f in args.files:
         for size in (parse_size(s) for s in args.sizes.split(",")):

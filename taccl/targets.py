@@ -32,7 +32,7 @@ from .program import Program, StepType
 
 __all__ = ["Target", "TARGETS", "DEFAULT_TARGET", "ROOTED", "LEGACY_MAX_FILES", "get_target", "target_problems",
            "rooted_problem", "add_target_argument", "target_of_args", "prepare_for_target", "load_order",
-           "directory_problems", "lowered_for"]
+           "directory_problems", "lowered_for", "check_dialect"]
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,15 @@ def add_target_argument(parser) -> None:
                         help="XML dialect: executor = --target msccl-executor, legacy = --target msccl-legacy")
 
 
+def check_dialect(target: str | None, dialect: str | None) -> None:
+    """--target and --dialect, when both are given, must name the same dialect."""
+    if target and dialect and get_target(target).dialect != dialect:
+        raise UserError(f"target {target} uses the {get_target(target).dialect} dialect, not {dialect}",
+                        where="--dialect")
+
+
 def target_of_args(args) -> Target:
-    if args.target and args.dialect and get_target(args.target).dialect != args.dialect:
-        raise UserError(f"target {args.target} is written in the {get_target(args.target).dialect} dialect, not "
-                        f"{args.dialect}", where="--dialect")
+    check_dialect(args.target, args.dialect)
     if args.target:
         return get_target(args.target)
     return get_target("msccl-legacy" if args.dialect == "legacy" else DEFAULT_TARGET)
@@ -187,7 +192,7 @@ def directory_problems(loaded: list, target: Target) -> list:
     progs = [(p, prog) for p, prog in loaded if prog is not None]
     for i, (pa, a) in enumerate(progs):
         for pb, b in progs[i + 1:]:
-            overlap = _window_overlap(a, b, target)
+            overlap = _window_overlap(a, b)
             if overlap is None:
                 continue
             lo, hi = overlap
@@ -202,7 +207,7 @@ def directory_problems(loaded: list, target: Target) -> list:
     return out
 
 
-def _window_overlap(a: Program, b: Program, target: Target):
+def _window_overlap(a: Program, b: Program):
     """(lowest, highest or None = unbounded) bytes both programs' windows take for a call kind they share,
     or None. Windows here are inclusive with 0 = unbounded (the model's convention, whatever the dialect)."""
     if (a.collective, a.ngpus) != (b.collective, b.ngpus):

@@ -177,13 +177,13 @@ def test_a_watched_directory_is_swapped_in_and_a_bad_one_reported(sets, tmp_path
     """A batch rewrites its MSCCL_ALGO_DIR whole; a watching communicator takes the new files without
     stopping, and keeps the old set (reporting why) when the new files are refused."""
     import os
+    import shutil
     import time
 
     from taccl import runtime
 
     live = tmp_path / "algos"
-    shutil_copy = __import__("shutil").copytree
-    shutil_copy(sets[0], live)
+    shutil.copytree(sets[0], live)
     rng = random.Random(5)
     with runtime.Runtime() as rt:
         rt.swap(live)
@@ -192,11 +192,11 @@ def test_a_watched_directory_is_swapped_in_and_a_bad_one_reported(sets, tmp_path
 
         def rewrite(src):  # as the batch does: build aside, then swap the directory in
             staging = tmp_path / "staging"
-            shutil_copy(src, staging)
+            shutil.copytree(src, staging)
             old = tmp_path / "old"
             os.replace(live, old)
             os.replace(staging, live)
-            __import__("shutil").rmtree(old)
+            shutil.rmtree(old)
 
         def wait_for(pred):
             for _ in range(500):

@@ -120,15 +120,7 @@ tacclStatus tacclLoadFromEnv(tacclRuntime* h, int* nloaded) {
 tacclStatus tacclSwap(tacclRuntime* h, const char* paths, int64_t epoch, int64_t* applied) {
   return guarded(h, [&]() -> tacclStatus {
     if (!paths || !*paths) return setError(h, "no file given for the new set");
-    std::vector<std::string> list;
-    std::string all(paths);
-    for (size_t start = 0; start <= all.size();) {
-      size_t end = all.find(':', start);
-      if (end == std::string::npos) end = all.size();
-      if (end > start) list.push_back(all.substr(start, end - start));
-      start = end + 1;
-    }
-    const int64_t e = h->rt.swap(list, epoch);
+    const int64_t e = h->rt.swap(taccl::splitPathList(paths), epoch);
     if (applied) *applied = e;
     return TACCL_OK;
   });

@@ -24,6 +24,17 @@ Runtime::Runtime() : set_(std::make_shared<ProgramSet>()) {
   }
 }
 
+std::vector<std::string> splitPathList(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= list.size();) {
+    size_t end = list.find(':', start);
+    if (end == std::string::npos) end = list.size();
+    if (end > start) out.push_back(list.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
 std::shared_ptr<const Program> Runtime::load(const std::string& path) const {
   LoadOptions lo;
   lo.analysis = analysis;
@@ -47,15 +58,7 @@ int Runtime::loadFromEnv() {
   if (!env || !*env) env = std::getenv("TACCL_XML_FILES");
   if (!env || !*env) return 0;
   std::vector<std::shared_ptr<const Program>> loaded;
-  std::string list(env);
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(':', start);
-    if (end == std::string::npos) end = list.size();
-    std::string path = list.substr(start, end - start);
-    if (!path.empty()) loaded.push_back(load(path));
-    start = end + 1;
-  }
+  for (const std::string& path : splitPathList(env)) loaded.push_back(load(path));
   const int n = (int)loaded.size();
   append(std::move(loaded));
   return n;

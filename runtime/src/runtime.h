@@ -86,6 +86,9 @@ class Runtime {
   std::unique_ptr<CudaCache, FreeCudaCache> cudaCache_;
 };
 
+// The paths of a colon-separated list (MSCCL_XML_FILES, tacclSwap), empty entries skipped.
+std::vector<std::string> splitPathList(const std::string& list);
+
 bool detectInPlace(Coll coll, int nranks, int64_t count, size_t tsize, void* const* send, void* const* recv,
                    std::string* err);
 

@@ -14,7 +14,7 @@ import sys
 from ..checker import check_program
 from ..errors import UserError
 from ..program import MAX_NODES
-from ..targets import DEFAULT_TARGET, TARGETS, directory_problems, get_target, load_order
+from ..targets import DEFAULT_TARGET, TARGETS, check_dialect, directory_problems, get_target, load_order
 from ..xmlio import DIALECTS, read_xml
 
 
@@ -65,9 +65,7 @@ def run(args) -> int:
         if value is not None and (value < low or (high is not None and value > high)):
             raise UserError(f"must be at least {low}" + (f" and at most {high}" if high else "") + f", got {value}",
                             where=flag)
-    if args.target and args.dialect and args.dialect != get_target(args.target).dialect:
-        raise UserError(f"target {args.target} reads the {get_target(args.target).dialect} dialect, not "
-                        f"{args.dialect}", where="--dialect")
+    check_dialect(args.target, args.dialect)
     docs = []
     single = len(args.files) == 1 and not os.path.isdir(args.files[0])
     worst = 0
