@@ -54,6 +54,10 @@ INSTANCES = [
 # synthesized at 64 KiB, they also carry the small AllReduce messages.
 DGX2_HIER_ALLGATHER = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 4, "protocols": ["Simple"],
                        "instances": [2]}
+# a few MiB: halved chunks on three blocks a connection, ordered for 1 MiB (4 MiB: 59.0 us against 70.0 /
+# 62.3 of sk-1 / sk-2's best and the LL128 ring's 65.8)
+DGX2_HIER_ALLGATHER_MID = {"sketch": "dgx2-hier.json", "at": "1M", "chunkup": 2, "protocols": ["Simple"],
+                           "instances": [3]}
 DGX2_HIER_ALLREDUCE = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                        "instances": [2]}
 # The H100 SKU's 16 MiB candidate: halved chunks on six or eight thread blocks per connection, whose
@@ -67,8 +71,8 @@ H100_HIER_64M = {"sketch": "dgx-h100-hier.json", "at": "64M", "protocols": ["Sim
 H100_HIER_FINE_RS = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                      "instances": [4], "fusions": ["auto", "schedule"]}
 COMPANIONS = {
-    "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
-    "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER],
+    "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER, DGX2_HIER_ALLGATHER_MID],
+    "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER, DGX2_HIER_ALLGATHER_MID],
     # the NDv2 SKU's AllReduce candidates for 8 KiB-8 MiB: sk-2 on two LL channels, the phases in LL128 at
     # 256 KiB and in LL / LL128 at 64 KiB (its 8-32 KiB winner), sk-1 in chunks cut in four (its 1-8 MiB winner)
     "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json",
