@@ -96,6 +96,13 @@ COMPANIONS = {
     # more (4 / 16 MiB: 89.9 / 296.5 us against 94.4 / 314.0 on four)
     "1x NDv2 AllToAll": [{"sketch": "ndv2-single.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                           "instances": [6, 8]}],
+    # the A100 SKU's 16-node AllGather candidates: the hierarchical phases (every protocol, 1 and 4 blocks),
+    # halved chunks in LL128 at 16 MiB and in Simple at 1 GiB, whole chunks in Simple at 64 MiB
+    "16x DGX A100 AllGather (128 GPUs)": [
+        {"sketch": "dgx-a100-hier.json", "at": "16M"},
+        {"sketch": "dgx-a100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["LL128"], "instances": [4]},
+        {"sketch": "dgx-a100-hier.json", "at": "1G", "chunkup": 2, "protocols": ["Simple"], "instances": [4]},
+        {"sketch": "dgx-a100-hier.json", "at": "64M", "protocols": ["Simple"], "instances": [4]}],
     "16x DGX H100 AllGather hierarchical (128 GPUs)": [H100_HIER_64M],
     "16x DGX H100 ReduceScatter hierarchical (128 GPUs)": [H100_HIER_64M, H100_HIER_FINE_RS],
     "16x DGX H100 AllReduce hierarchical (128 GPUs)": [H100_HIER_64M],
