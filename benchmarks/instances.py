@@ -91,6 +91,9 @@ COMPANIONS = {
                                            "dgx-h100-direct.json", "dgx-h100-rail.json", H100_HIER_FINE],
     "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
     "2x NDv2 AllToAll sk-1": ["ndv2-sk-2.json"],
+    # the NDv2 SKU synthesizes both of TACCL's sketches for AllGather (64 KiB: sk-2 19.9 us, sk-1 22.3, the
+    # LL ring 24.2)
+    "2x NDv2 AllGather sk-1": ["ndv2-sk-2.json"],
     "2x DGX-2 AllToAll": ["dgx2-direct.json"],
     # halved chunks on six or eight thread blocks a connection: a relayed block's two Simple steps overlap
     # more (4 / 16 MiB: 89.9 / 296.5 us against 94.4 / 314.0 on four)
