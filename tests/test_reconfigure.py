@@ -43,6 +43,14 @@ def sets(tmp_path_factory):
     return dirs
 
 
+def _as_legacy(text: str) -> str:
+    """The same program in the legacy dialect: no outofplace (inplace="0" then means out-of-place only), no
+    window attributes."""
+    head = text.splitlines()[0]
+    return text.replace(head, head.replace(' outofplace="1"', "").replace(' inplace="1"', ' inplace="0"')
+                        .replace(' minBytes="0" maxBytes="0"', ""))
+
+
 def _call(rt, rng, runtime):
     coll = rng.choice(["allreduce", "allgather"])
     count = 16 * rng.choice([4, 32])
@@ -139,11 +147,8 @@ def test_several_communicators_swap_concurrently(sets, tmp_path):
 def test_bad_sets_are_refused_and_the_old_one_serves(sets, tmp_path):
     from taccl import runtime
 
-    legacy = tmp_path / "legacy.xml"  # the same ring AllGather in the legacy dialect (no outofplace)
-    text = (sets[0] / "allgather.xml").read_text()
-    head = text.splitlines()[0]
-    legacy.write_text(text.replace(head, head.replace(' outofplace="1"', "").replace(' inplace="1"', ' inplace="0"')
-                                   .replace(' minBytes="0" maxBytes="0"', "")))
+    legacy = tmp_path / "legacy.xml"
+    legacy.write_text(_as_legacy((sets[0] / "allgather.xml").read_text()))
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     (mixed / "a.xml").write_text((sets[1] / "allreduce.xml").read_text())
@@ -284,10 +289,7 @@ def test_swap_command_publishes_only_a_set_the_watching_jobs_would_take(sets, tm
     legacy_dir = tmp_path / "mixed"
     legacy_dir.mkdir()
     (legacy_dir / "a.xml").write_text((sets[1] / "allreduce.xml").read_text())
-    head = (sets[1] / "allgather.xml").read_text().splitlines()[0]
-    (legacy_dir / "b.xml").write_text((sets[1] / "allgather.xml").read_text().replace(
-        head, head.replace(' outofplace="1"', "").replace(' inplace="1"', ' inplace="0"')
-                  .replace(' minBytes="0" maxBytes="0"', "")))
+    (legacy_dir / "b.xml").write_text(_as_legacy((sets[1] / "allgather.xml").read_text()))
     for new, needle in ((DATA / "ring_allreduce_8.xml", "written for 8 ranks, but this communicator has 16"),
                         (sets[1] / "allgather.xml", "the new set has no allreduce program"),
                         (legacy_dir, "mixes XML dialects"),

@@ -266,9 +266,7 @@ def deployed(sku: Sku, outdir: Path, tasks: list, store, target: str) -> tuple:
             except Exception:  # another structure, a file edited by hand: it simply does not compete
                 continue
             records[key] = {"key": key, "kind": "program", "status": "ok", "label": label, "xml": text}
-            records[key + ".sim"] = {"key": key + ".sim", "kind": "simulation", "status": "ok", "label": label,
-                                     "sizes": list(sku.grid), "time_us": [r.time_us for r in results],
-                                     "algbw_GBps": [r.algbw_GBps for r in results]}
+            records[key + ".sim"] = _simulation_record(key + ".sim", label, results)
             out.setdefault((g["collective"], g["nodes"]), []).append(ProgramJob(
                 key=key, sim_key=key + ".sim", label=label, kind="synthesized", source="deployed",
                 proto=str(program.proto), instances=1, target=lowered_for(get_target(target))))
@@ -414,6 +412,11 @@ def _simulate(task: Task, prog: ProgramJob, xml_record, topo, program=None) -> d
     except Exception as exc:
         reason, tb = _reason(exc)
         return failure(prog.sim_key, "simulation", reason, label=prog.label, traceback=tb)
-    return {"key": prog.sim_key, "kind": "simulation", "status": "ok", "label": prog.label,
-            "time_s": round(time.monotonic() - t0, 3), "sizes": [r.size_bytes for r in results],
-            "time_us": [r.time_us for r in results], "algbw_GBps": [r.algbw_GBps for r in results]}
+    return _simulation_record(prog.sim_key, prog.label, results, time_s=round(time.monotonic() - t0, 3))
+
+
+def _simulation_record(key: str, label: str, results: list, **extra) -> dict:
+    """A program's times on the grid (`taccl.simulator.SimResult` per size) as the cache stores them."""
+    return {"key": key, "kind": "simulation", "status": "ok", "label": label, **extra,
+            "sizes": [r.size_bytes for r in results], "time_us": [r.time_us for r in results],
+            "algbw_GBps": [r.algbw_GBps for r in results]}
