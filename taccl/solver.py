@@ -367,8 +367,8 @@ class SolveOptions:
     #: where the backend offers callbacks (HiGHS, Gurobi). Values may be None when not known yet.
     on_progress: Optional[Callable[[dict], None]] = None
     #: Stop a MIP once its best solution has not improved (by more than `STALL_REL_IMPROVEMENT`) for this
-    #: many seconds; the solve then ends "feasible" with that solution. None: run to the time limit or gap.
-    #: HiGHS and Gurobi only (CBC offers no callback to stop it).
+    #: many seconds of the solver's own work (see `_Progress`); the solve then ends "feasible" with that
+    #: solution. None: run to the time limit or gap. HiGHS and Gurobi only (CBC offers no callback to stop it).
     stall_s: Optional[float] = None
 
 
@@ -422,7 +422,7 @@ def _make_result(status: str, solver: str, t0: float, *, values=None, objective=
 
 
 def _stall_message(options: SolveOptions) -> str:
-    return f"stopped: the best solution did not improve for {options.stall_s:g} s (stall limit)"
+    return f"stopped: the best solution did not improve for {options.stall_s:g} s of solver work (stall limit)"
 
 
 def _time_left(options: SolveOptions, t0: float) -> float:
@@ -438,6 +438,12 @@ class _Progress:
     """Watches a backend's progress: relays it to `SolveOptions.on_progress` when something changed, and
     says when the solve should stop (the user's callback raised, or the incumbent stalled for `stall_s`).
 
+    The stall is counted on a clock of the solver's work, not the wall clock, so that a loaded machine (a
+    batch's other workers) does not stop a solve earlier and write another program: Gurobi's deterministic
+    work units where the backend passes them (about a second each), else the CPU time of the thread the
+    callbacks run on, which is the thread driving the search (HiGHS calls back on the thread that called
+    `run`, whatever its `threads`). The time limit stays wall-clock: it is the user's budget.
+
     An exception raised by the user's callback is kept, the solve is asked to stop, and the exception is
     raised again once the backend has returned.
     """
@@ -446,8 +452,8 @@ class _Progress:
         self.fn, self.stall_s = options.on_progress, options.stall_s
         self.last: Optional[tuple] = None
         self.error: Optional[BaseException] = None
-        self.best: Optional[float] = None  # the best incumbent, and when it last improved
-        self.best_time_s = 0.0
+        self.best: Optional[float] = None  # the best incumbent, and the work clock when it last improved
+        self.best_work_s = 0.0
         self.stalled = False
         self.interrupted = False  # Ctrl-C during the solve (see `ctrl_c_stops`)
 
@@ -479,12 +485,15 @@ class _Progress:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def __call__(self, time_s, incumbent, bound) -> None:
+    def __call__(self, time_s, incumbent, bound, work_s: Optional[float] = None) -> None:
+        """Progress at `time_s` (wall clock, reported) and `work_s` (the stall's clock; default: this thread's
+        CPU time)."""
         incumbent, bound = _finite(incumbent), _finite(bound)
+        work_s = time.thread_time() if work_s is None else float(work_s)
         if incumbent is not None and (self.best is None or
                                       incumbent < self.best - STALL_REL_IMPROVEMENT * max(abs(self.best), 1e-10)):
-            self.best, self.best_time_s = incumbent, float(time_s)
-        if self.stall_s is not None and self.best is not None and float(time_s) - self.best_time_s >= self.stall_s:
+            self.best, self.best_work_s = incumbent, work_s
+        if self.stall_s is not None and self.best is not None and work_s - self.best_work_s >= self.stall_s:
             self.stalled = True
         if self.fn is None or self.error is not None:
             return
@@ -853,13 +862,14 @@ class _GurobiBackend(MilpBackend):
         def value(x):  # Gurobi says "none yet" with +-GRB.INFINITY (1e100), a finite float
             return x if abs(x) < GRB.INFINITY else INF
 
+        has_work = hasattr(GRB.Callback, "WORK")  # deterministic work units, where this gurobipy has them
+
         def cb(m, where):
-            if where == GRB.Callback.MIP:
-                progress(m.cbGet(GRB.Callback.RUNTIME), value(m.cbGet(GRB.Callback.MIP_OBJBST)),
-                         value(m.cbGet(GRB.Callback.MIP_OBJBND)))
-            elif where == GRB.Callback.MIPSOL:
-                progress(m.cbGet(GRB.Callback.RUNTIME), value(m.cbGet(GRB.Callback.MIPSOL_OBJBST)),
-                         value(m.cbGet(GRB.Callback.MIPSOL_OBJBND)))
+            if where in (GRB.Callback.MIP, GRB.Callback.MIPSOL):
+                best, bound = ((GRB.Callback.MIP_OBJBST, GRB.Callback.MIP_OBJBND) if where == GRB.Callback.MIP
+                               else (GRB.Callback.MIPSOL_OBJBST, GRB.Callback.MIPSOL_OBJBND))
+                progress(m.cbGet(GRB.Callback.RUNTIME), value(m.cbGet(best)), value(m.cbGet(bound)),
+                         m.cbGet(GRB.Callback.WORK) if has_work else None)
             if progress.should_stop:
                 m.terminate()
 

@@ -316,3 +316,28 @@ def test_model_bookkeeping():
 def test_versions():
     assert S.highs_version().count(".") == 2
     assert S.solver_version("highs") == S.highs_version()
+
+
+def test_stall_counts_solver_work_not_wall_time():
+    # A loaded machine stretches the wall clock, not the solver's work: the stall must not fire early there,
+    # or the same synthesis writes another program under load.
+    progress = S._Progress(SolveOptions(stall_s=1.0))
+    progress(0.0, 5.0, 0.0, work_s=10.0)
+    progress(50.0, 5.0, 0.0, work_s=10.9)  # 50 s of wall time, 0.9 s of work
+    assert not progress.stalled
+    progress(51.0, 4.0, 0.0, work_s=11.5)  # an improvement restarts the count
+    progress(52.0, 4.0 - 1e-9, 0.0, work_s=12.4)  # not by more than STALL_REL_IMPROVEMENT: no restart
+    assert not progress.stalled
+    progress(52.5, 4.0, 0.0, work_s=12.5)
+    assert progress.stalled and progress.should_stop
+
+
+def test_stall_clock_defaults_to_the_thread_cpu_time(monkeypatch):
+    clock = iter([3.0, 3.5, 4.2])
+    monkeypatch.setattr(S.time, "thread_time", lambda: next(clock))
+    progress = S._Progress(SolveOptions(stall_s=1.0))
+    progress(0.0, 2.0, 1.0)
+    progress(100.0, 2.0, 1.0)
+    assert not progress.stalled
+    progress(100.1, 2.0, 1.0)
+    assert progress.stalled

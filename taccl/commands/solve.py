@@ -27,8 +27,9 @@ def register(sub):
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="time limit per MILP stage in seconds (default: the sketch's, else 120)")
     p.add_argument("--stall", type=float, default=None, metavar="S",
-                   help="stop a MILP stage once its best solution has not improved for S seconds "
-                        "(default: the sketch's, else 3; 0: run to the time limit)")
+                   help="stop a MILP stage once its best solution has not improved for S seconds of solver "
+                        "work (CPU time, so machine load does not change the result; default: the sketch's, "
+                        "else 3; 0: run to the time limit)")
     p.add_argument("--threads", type=int, default=None, help="solver threads (default: the sketch's, else 1)")
     p.add_argument("--max-extra-hops", type=int, default=None, help="allow routes this many hops longer than minimal")
     p.add_argument("--name", help="output name (default: the sketch's)")
