@@ -5,12 +5,17 @@ Formulation, per chunk c with sources P(c) and destinations D(c):
   t[c,v] >= 0       time c is available at v (0 on sources)
   in(c,v) = sum of x[c,l] over links into v:  = 1 on destinations, <= 1 elsewhere
   x[c,(u,v)] <= in(c,u)                       a rank forwards only what it received
-  t[c,v] >= t[c,u] + cost(l) - M (1 - x[c,l]) with the tightest valid M: t is boxed in [LB, UB], where LB is
-                                              the shortest-path time and UB the heuristic incumbent's makespan
+  t[c,v] >= t[c,u] + cost(l) + sync fan[c,u] - M (1 - x[c,l]) with the tightest valid M: t is boxed in
+                                              [LB, UB], where LB is the shortest-path time and UB the
+                                              heuristic incumbent's makespan
+  fan[c,u] in {0,1}, (outdeg(u) - 1) fan[c,u] >= sum of x[c,l] out of u - 1
+                                              a relay u forwarding c to two ranks or more waits for another
+                                              thread block's flag (`sync_us`) on each forward
   time >= t[c,d] for d in D(c)
-  time >= sum over (c,l) on connection (u,v) of cost(l) x[c,l]          (one thread block per connection)
-  time >= sum over (c,l) using shared resource r of beta(l) x[c,l] / lanes(r)
-                                              (relaxed bandwidth per switch port, NIC, direct link)
+  time >= sum over (c,l) on connection (u,v) of cost(l) x[c,l] + tail   (one thread block per connection)
+  time >= sum over (c,l) using shared resource r of beta(l) x[c,l] / lanes(r) + tail(r)
+                                              (relaxed bandwidth per switch port, NIC, direct link; the tail
+                                              is the latency the last chunk still flies, see resource_tails)
   objective: time + gamma * (switch links used, uc-min > 0 / uc-max < 0) + epsilon * (transfers)
 Then, with time capped at the optimum found, a short second solve minimises the sum of arrival times: among
 routings of equal relaxed time, the one whose chunks arrive earliest leaves the ordering stage the least
@@ -166,26 +171,52 @@ def resource_loads(prob: Problem, link) -> list:
     return out
 
 
+def resource_tails(prob: Problem) -> dict:
+    """Resource -> the least time a routing spends around its busy time: a chunk reaches the resource no
+    sooner than its sender's share of alpha (a connection's own load already counts it) and the last one
+    leaves it with the rest of alpha still in flight. Without it the relaxation lets the eight 4 KiB LL
+    transfers into one DGX A100 NIC (2.62 us of data, 2.7 us in flight) finish in 2.95 us instead of 5.32."""
+    tails = {}
+    for l in prob.links:
+        lead = l.alpha_us if l.busy_us is None else l.busy_us
+        flight = l.alpha_us - lead
+        for res, _ in resource_loads(prob, l):
+            own = flight if res[0] == "conn" else lead + flight
+            tails[res] = min(tails.get(res, own), own)
+    return tails
+
+
+def fanout_sync_us(prob: Problem) -> float:
+    """What a relay's forward waits for when the relay sends the chunk on to two ranks or more: another
+    thread block's flag (one forward alone is fused into the receiving block; see `synthesize._set_sync`)."""
+    return prob.topology.spec.sync_us or 0.0
+
+
 def relaxed_time(prob: Problem, parent: list) -> float:
     """Makespan of a routing with bandwidth relaxed: max(longest chunk path, busiest resource)."""
     load = defaultdict(float)
     worst = 0.0
+    sync = fanout_sync_us(prob)
     for c, par in enumerate(parent):
         arrive = {}
+        fanout = defaultdict(int)
+        for li in par.values():
+            fanout[prob.links[li].src] += 1
 
         def at(v):
             if v not in par:
                 return 0.0
             if v not in arrive:
                 l = prob.links[par[v]]
-                arrive[v] = at(l.src) + l.cost_us
+                arrive[v] = at(l.src) + l.cost_us + (sync if l.src in par and fanout[l.src] >= 2 else 0.0)
             return arrive[v]
 
         for v, li in par.items():
             worst = max(worst, at(v))
             for res, busy in resource_loads(prob, prob.links[li]):
                 load[res] += busy
-    return max([worst] + list(load.values()))
+    tails = resource_tails(prob)
+    return max([worst] + [busy + tails[res] for res, busy in load.items()])
 
 
 def route(prob: Problem, *, solver: str = "highs", options: milp.SolveOptions | None = None,
@@ -234,11 +265,12 @@ def _earliest_arrivals(model, tvar, tcol, first, solver, options, stats):
 
 
 def bandwidth_rows(prob, orbits, spaces, xvar) -> list:
-    """The relaxed bandwidth rows, each ((variable, busy time), ...) sorted, one per distinct row, in the
-    order of their resources' repr. A symmetric resource has the same row once every variable is its
-    orbit's, so when the group maps resources to resources (each generator's image of a link uses the
-    images of its resources) only one resource per orbit is summed, the least by repr, over the links through
-    it and every chunk: on 128 DGX H100 nodes 10 resources instead of every chunk's 7168 candidate links.
+    """The relaxed bandwidth rows, each (((variable, busy time), ...) sorted, the resource's tail), one per
+    distinct row, in the order of their resources' repr. A symmetric resource has the same row once every
+    variable is its orbit's, so when the group maps resources to resources (each generator's image of a link
+    uses the images of its resources) only one resource per orbit is summed, the least by repr, over the links
+    through it and every chunk: on 128 DGX H100 nodes 10 resources instead of every chunk's 7168 candidate
+    links.
     Otherwise every chunk's every candidate link is summed."""
     loads = [resource_loads(prob, l) for l in prob.links]
     reps = orbits.resource_orbit_reps(loads)
@@ -264,10 +296,11 @@ def bandwidth_rows(prob, orbits, spaces, xvar) -> list:
                     r = orbits.rep[c]
                     if orbits.image_link(orbits.to_rep[c], li) in candidates[r]:
                         row[xvar[orbits.canon_link(c, li)]] += busy
+    tails = resource_tails(prob)
     out, seen = [], set()
     for res in sorted(rows, key=repr):
-        row = tuple(sorted(rows[res].items()))
-        if row and row not in seen:  # the same constraint for a symmetric resource
+        row = (tuple(sorted(rows[res].items())), tails[res])
+        if row[0] and row not in seen:  # the same constraint for a symmetric resource
             seen.add(row)
             out.append(row)
     return out
@@ -279,7 +312,8 @@ def _build_model(prob, orbits, spaces, ub, start):
     eps = EPSILON_FRACTION * min_cost
     longest = max((max((sp.earliest[d] for d in sp.dests), default=0.0) for sp in spaces.values()), default=0.0)
     time = model.add_var(min(longest, ub), ub, obj=1.0, name="time")
-    xvar, tvar = {}, {}
+    xvar, tvar, fanvar = {}, {}, {}
+    sync = fanout_sync_us(prob)
     rows_in = defaultdict(list)
     for r in orbits.reps:
         sp = spaces[r]
@@ -300,6 +334,23 @@ def _build_model(prob, orbits, spaces, ub, start):
                 continue
             cols = rows_in[(r, v)]
             model.add_constr(cols, [1.0] * len(cols), 1.0 if v in sp.dests else 0.0, 1.0)
+        # fans[u]: binary, 1 when relay u forwards the chunk to two ranks or more (each forward then waits for
+        # another thread block's flag): (outlinks - 1) * fan >= sum of x over u's out-links - 1
+        fans = {}
+        if sync > 0:
+            outs = defaultdict(lambda: defaultdict(float))  # relay -> its out-links' variables, counted
+            for li in sp.links:
+                if prob.links[li].src not in sp.sources:
+                    outs[prob.links[li].src][xvar[orbits.canon_link(r, li)]] += 1.0
+            for u, xs in outs.items():
+                n = sum(xs.values())
+                if n >= 2:
+                    key = orbits.canon_rank(r, u)
+                    if key not in fanvar:
+                        fanvar[key] = model.add_var(0, 1, binary=True)
+                        cols = sorted(xs)
+                        model.add_constr([fanvar[key]] + cols, [n - 1.0] + [-xs[x] for x in cols], -1.0)
+                    fans[u] = fanvar[key]
         for li in sp.links:
             l = prob.links[li]
             x = xvar[orbits.canon_link(r, li)]
@@ -313,8 +364,13 @@ def _build_model(prob, orbits, spaces, ub, start):
                 cols = rows_in[(r, l.src)]
                 model.add_constr([x] + cols, [1.0] + [-1.0] * len(cols), hi=0.0)
                 tu = tvar[orbits.canon_rank(r, l.src)]
-                big_m = max(ub, lb_v) + l.cost_us - lb_v
-                model.add_constr([tv, tu, x], [1.0, -1.0, -big_m], l.cost_us - big_m)
+                fan = fans.get(l.src)
+                if fan is None:
+                    big_m = max(ub, lb_v) + l.cost_us - lb_v
+                    model.add_constr([tv, tu, x], [1.0, -1.0, -big_m], l.cost_us - big_m)
+                else:  # t_v >= t_u + cost + sync * (u forwards to two ranks or more) when x
+                    big_m = max(ub, lb_v) + l.cost_us + sync - lb_v
+                    model.add_constr([tv, tu, x, fan], [1.0, -1.0, -big_m, -sync], l.cost_us - big_m)
         for d in sp.dests:
             model.add_constr([time, tvar[orbits.canon_rank(r, d)]], [1.0, -1.0], 0.0)
         # Every node holding a destination but no source is entered at least once (a valid cut that
@@ -326,8 +382,10 @@ def _build_model(prob, orbits, spaces, ub, start):
                            if prob.links[li].internode and topo.node_of(prob.links[li].dst) == node})
             model.add_constr(cols, [1.0] * len(cols), 1.0)
     # Relaxed bandwidth: every chunk's use of every resource, mapped to its orbit's variable.
-    for row in bandwidth_rows(prob, orbits, spaces, xvar):
-        model.add_constr([time] + [x for x, _ in row], [1.0] + [-w for _, w in row], 0.0)
+    # A resource's tail counts only once a chunk uses it; capped at the makespan's lower bound, the row
+    # holds for an unused resource too (no indicator variable needed).
+    for row, tail in bandwidth_rows(prob, orbits, spaces, xvar):
+        model.add_constr([time] + [x for x, _ in row], [1.0] + [-w for _, w in row], min(tail, min(longest, ub)))
     # Switch-hyperedge policy: count the links of each switch that carry any chunk.
     if any(p in ("uc-min", "uc-max") for p in prob.switch_policies):
         gamma = GAMMA_FRACTION * min_cost

@@ -527,7 +527,7 @@ def test_a_candidate_the_simulator_refuses_is_ranked_last_not_an_error(monkeypat
 
 
 def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
-    # 2x DGX H100 AllReduce over the rails, Simple at 256 MiB: eager fusion in time order deadlocks with
+    # 2x DGX H100 AllReduce over the rails, Simple at 16 MiB: eager fusion in time order deadlocks with
     # Simple's two-call FIFOs (the simulator says so too); ranking the unchecked candidates must not fail on
     # it, and that policy is lowered again with each fusion mode proven (it falls back to the safe mode)
     from pathlib import Path
@@ -538,7 +538,7 @@ def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
 
     root = Path(__file__).resolve().parent.parent
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="allreduce",
-                      input_size="256MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
+                      input_size="16MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
     topo = algo.load_topology()
     eager = _lower_policy(algo, max_tbs=132, check=False, keep_schedule=False, flag_us=topo.spec.sync_us,
                           converges=("aside",))[0]

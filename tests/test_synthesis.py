@@ -274,3 +274,56 @@ def test_the_greedy_schedules_times_are_its_exact_times_without_merges(monkeypat
     synthesize(load_sketch(root / "sketches" / f"{sketch}.json"), collective=collective,
                options=SynthesisOptions(time_limit_s=10, proto=proto))
     assert seen and seen[0] > 100
+
+
+def _a100_direct_allgather(size="64KiB", proto="LL"):
+    from taccl.problem import build_problem
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import resolve
+
+    sk = load_sketch(Path(__file__).resolve().parent.parent / "sketches" / "dgx-a100-direct.json")
+    topo, coll, size_bytes = resolve(sk, input_size=size)
+    return sk, build_problem(topo, coll, sk, size_bytes, proto=proto)
+
+
+def test_the_routing_relaxation_counts_a_resources_flight_and_a_relays_fanout():
+    # 2x DGX A100, 4 KiB chunks in LL: sent straight to every remote rank, a GPU's NIC takes eight chunks
+    # (2.62 us of data) and the last one still flies the NIC's 2.7 us; the relaxation said 2.95 us (one
+    # chunk's path), so the routing never offloaded the NICs onto relays in the node.
+    from taccl import routing
+
+    _, prob = _a100_direct_allgather()
+    nic = [l for l in prob.links if l.internode][0]
+    tails = routing.resource_tails(prob)
+    assert all(tails[res] == pytest.approx(nic.alpha_us) for res in nic.resources)
+    direct = [{d: prob.link_index[(src, d)] for d in range(prob.num_ranks) if d != src}
+              for src in (prob.collective.sources(c)[0] for c in range(prob.collective.num_chunks))]
+    assert routing.relaxed_time(prob, direct) >= nic.alpha_us + 8 * nic.beta_us - 1e-9
+    # a relay that forwards a chunk to two ranks pays another thread block's flag on both forwards
+    src, relay, a, b = 0, 8, 9, 10
+    fanned = [dict(direct[0])]
+    fanned[0][a], fanned[0][b] = prob.link_index[(relay, a)], prob.link_index[(relay, b)]
+    path = prob.links[fanned[0][relay]].cost_us + prob.links[fanned[0][a]].cost_us
+    assert routing.relaxed_time(prob, fanned) >= path + prob.topology.spec.sync_us - 1e-9
+
+
+def test_rail_relays_beat_the_direct_program_on_small_allgathers():
+    # With the NIC's flight and the relays' flags in the relaxation, the routing sends part of each node's
+    # chunks through one NIC and on by one fused forward each: faster than every chunk over the NIC.
+    from taccl.baselines import build
+    from taccl.lowering import lower
+    from taccl.simulator import Simulator
+
+    sk, prob = _a100_direct_allgather()
+    algo = synthesize(sk, input_size="64KiB", options=SynthesisOptions(time_limit_s=30, proto="LL", instances=4))
+    forwards = {}  # (chunk, relay) -> ranks it forwards the chunk to
+    for t in algo.transfers:
+        for c in t.chunks:
+            if t.src not in prob.collective.sources(c):
+                forwards[(c, t.src)] = forwards.get((c, t.src), 0) + 1
+    assert forwards and max(forwards.values()) == 1
+    topo = algo.load_topology()
+    size = algo.input_size_bytes
+    synthesized = Simulator(lower(algo, topology=topo), topo).run(size).time_us
+    direct = Simulator(build("direct", topo, "allgather", proto="LL", instances=4), topo).run(size).time_us
+    assert synthesized < 0.97 * direct, (synthesized, direct)
