@@ -276,6 +276,7 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
   // The call's number and the set it runs on, taken together: a swap due at this number applies now, and
   // a later swap does not touch this call (it keeps its set alive to the end).
   std::shared_ptr<const ProgramSet> set;
+  std::shared_ptr<CudaCache> cache;  // after `set`: released before the programs it was built for
   CallStamp st;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -284,7 +285,9 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
     set = set_;
     st.generation = set->generation;
     if (!ranks_ && nranks >= 1) ranks_ = nranks;
-    if (backend == 1 && cudaCache && !cudaCache_) cudaCache_.reset(newCudaCache());
+    if (backend == 1 && cudaCache && !cudaCache_) cudaCache_.reset(newCudaCache(), freeCudaCache);
+    if (!cudaCache) cudaCache_.reset();  // turned off: freed now, or when the calls still on it return
+    cache = backend == 1 ? cudaCache_ : nullptr;
   }
   if (stamp) *stamp = st;
   const auto& programs = set->programs;
@@ -342,7 +345,7 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
     bufs[r * 3 + BUF_I] = (char*)send[r];
     bufs[r * 3 + BUF_O] = (char*)recv[r];
   }
-  if (backend == 1) return runCuda(plan, bufs, hostBuffers, run, cudaCache ? cudaCache_.get() : nullptr);
+  if (backend == 1) return runCuda(plan, bufs, hostBuffers, run, cache.get());
   return runHost(plan, bufs, run);
 }
 

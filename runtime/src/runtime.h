@@ -79,11 +79,9 @@ class Runtime {
   bool watchStop_ = false;
   int64_t watchSwaps_ = 0;
   std::string watchError_;
-  // the CUDA backend's state kept between calls (freed before the programs it was built for)
-  struct FreeCudaCache {
-    void operator()(CudaCache* c) const { freeCudaCache(c); }
-  };
-  std::unique_ptr<CudaCache, FreeCudaCache> cudaCache_;
+  // the CUDA backend's state kept between calls (freed before the programs it was built for); shared with
+  // the calls running on it, so that turning `cudaCache` off frees it once the last of them returns
+  std::shared_ptr<CudaCache> cudaCache_;
 };
 
 // The paths of a colon-separated list (MSCCL_XML_FILES, tacclSwap), empty entries skipped.
