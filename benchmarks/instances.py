@@ -73,12 +73,9 @@ H100_HIER_FINE_RS = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, 
 COMPANIONS = {
     "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER, DGX2_HIER_ALLGATHER_MID],
     "2x DGX-2 AllGather sk-2 1KB": ["dgx2-direct.json", DGX2_HIER_ALLGATHER, DGX2_HIER_ALLGATHER_MID],
-    # the NDv2 SKU's AllReduce candidates for 8 KiB-8 MiB: sk-2 on two LL channels, the phases in LL128 at
-    # 256 KiB and in LL / LL128 at 64 KiB (its 8-32 KiB winner), sk-1 in chunks cut in four (its 1-8 MiB winner)
+    # the NDv2 SKU's AllReduce candidates for 8 KiB-8 MiB: the phases in LL / LL128 at 64 KiB (its 8 KiB -
+    # 1 MiB winners), sk-1 in chunks cut in four (its 2-8 MiB winner)
     "2x NDv2 AllReduce": ["ndv2-hier-one-shot.json",
-                          {"sketch": "ndv2-sk-2.json", "at": "64K", "protocols": ["LL"], "instances": [2],
-                           "fusions": ["auto", "network"]},
-                          {"sketch": "ndv2-hier.json", "at": "256K", "protocols": ["LL128"], "instances": [4]},
                           {"sketch": "ndv2-hier.json", "at": "64K", "protocols": ["LL", "LL128"],
                            "instances": [1, 2]},
                           {"sketch": "ndv2-sk-1.json", "at": "8M", "chunkup": 4, "protocols": ["LL128"],
@@ -91,8 +88,8 @@ COMPANIONS = {
                                            "dgx-h100-direct.json", "dgx-h100-rail.json", H100_HIER_FINE],
     "2x DGX A100 AllToAll hierarchical": ["dgx-a100-direct.json"],
     "2x NDv2 AllToAll sk-1": ["ndv2-sk-2.json"],
-    # the NDv2 SKU synthesizes both of TACCL's sketches for AllGather (64 KiB: sk-2 19.9 us, sk-1 22.3, the
-    # LL ring 24.2)
+    # the NDv2 SKU synthesizes both of TACCL's sketches for AllGather (64 KiB: sk-2 19.0 us, the LL ring
+    # 24.2)
     "2x NDv2 AllGather sk-1": ["ndv2-sk-2.json"],
     "2x DGX-2 AllToAll": ["dgx2-direct.json"],
     # halved chunks on six or eight thread blocks a connection: a relayed block's two Simple steps overlap
