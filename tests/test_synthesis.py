@@ -276,14 +276,15 @@ def test_the_greedy_schedules_times_are_its_exact_times_without_merges(monkeypat
     assert seen and seen[0] > 100
 
 
-def _a100_direct_allgather(size="64KiB", proto="LL"):
+def _a100_direct_allgather():
+    """2x DGX A100, the flat sketch, AllGather of 64 KiB in LL: (sketch, problem)."""
     from taccl.problem import build_problem
     from taccl.sketch import load_sketch
     from taccl.synthesize import resolve
 
     sk = load_sketch(Path(__file__).resolve().parent.parent / "sketches" / "dgx-a100-direct.json")
-    topo, coll, size_bytes = resolve(sk, input_size=size)
-    return sk, build_problem(topo, coll, sk, size_bytes, proto=proto)
+    topo, coll, size_bytes = resolve(sk, input_size="64KiB")
+    return sk, build_problem(topo, coll, sk, size_bytes, proto="LL")
 
 
 def test_the_routing_relaxation_counts_a_resources_flight_and_a_relays_fanout():
