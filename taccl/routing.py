@@ -178,7 +178,7 @@ def resource_tails(prob: Problem) -> dict:
     transfers into one DGX A100 NIC (2.62 us of data, 2.7 us in flight) finish in 2.95 us instead of 5.32."""
     tails = {}
     for l in prob.links:
-        lead = l.alpha_us if l.busy_us is None else l.busy_us
+        lead = l.sender_us - l.beta_us  # the sender's share of alpha
         flight = l.alpha_us - lead
         for res, _ in resource_loads(prob, l):
             own = flight if res[0] == "conn" else lead + flight
@@ -193,7 +193,9 @@ def fanout_sync_us(prob: Problem) -> float:
 
 
 def relaxed_time(prob: Problem, parent: list) -> float:
-    """Makespan of a routing with bandwidth relaxed: max(longest chunk path, busiest resource)."""
+    """Makespan of a routing with bandwidth relaxed, as the MILP costs it: max(longest chunk path, each relay
+    that forwards a chunk to two ranks or more adding `fanout_sync_us` to its forwards; busiest resource plus
+    its tail)."""
     load = defaultdict(float)
     worst = 0.0
     sync = fanout_sync_us(prob)
@@ -311,7 +313,8 @@ def _build_model(prob, orbits, spaces, ub, start):
     min_cost = min(l.cost_us for l in prob.links)
     eps = EPSILON_FRACTION * min_cost
     longest = max((max((sp.earliest[d] for d in sp.dests), default=0.0) for sp in spaces.values()), default=0.0)
-    time = model.add_var(min(longest, ub), ub, obj=1.0, name="time")
+    time_lb = min(longest, ub)
+    time = model.add_var(time_lb, ub, obj=1.0, name="time")
     xvar, tvar, fanvar = {}, {}, {}
     sync = fanout_sync_us(prob)
     rows_in = defaultdict(list)
@@ -385,7 +388,7 @@ def _build_model(prob, orbits, spaces, ub, start):
     # A resource's tail counts only once a chunk uses it; capped at the makespan's lower bound, the row
     # holds for an unused resource too (no indicator variable needed).
     for row, tail in bandwidth_rows(prob, orbits, spaces, xvar):
-        model.add_constr([time] + [x for x, _ in row], [1.0] + [-w for _, w in row], min(tail, min(longest, ub)))
+        model.add_constr([time] + [x for x, _ in row], [1.0] + [-w for _, w in row], min(tail, time_lb))
     # Switch-hyperedge policy: count the links of each switch that carry any chunk.
     if any(p in ("uc-min", "uc-max") for p in prob.switch_policies):
         gamma = GAMMA_FRACTION * min_cost
