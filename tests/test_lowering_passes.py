@@ -765,6 +765,34 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     assert time_of(known) < time_of(unknown) - 1.0
 
 
+def test_a_later_receive_on_the_forwarding_connection_does_not_keep_the_fold_away(monkeypatch):
+    # 2x DGX A100 hierarchical ReduceScatter, LL at 1 MiB: the block that forwards a node's sum to the network
+    # (a receive-reduce-send from a local peer) later receives that peer's other partial. Fusion gave the
+    # forward its send's position, after that receive's, but the connection's order runs the forward first:
+    # the receive is not between the fold and the forward, and the fold goes into the forwarding block
+    # (the sum then leaves without waiting on a flag; 1.75 us earlier on the last instance)
+    from pathlib import Path
+
+    import taccl.lowering.schedule as schedule
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-a100-hier.json"), collective="reducescatter",
+                      input_size="1M", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
+    flag_us = algo.load_topology().spec.sync_us
+
+    def folds_before_forward():
+        p = _lower_policy(algo, max_tbs=108, flag_us=flag_us)[0]
+        assert check_program(p).ok
+        return sum(1 for g in p.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
+                   if a.type is StepType.REDUCE and b.type is StepType.RECV_REDUCE_SEND)
+
+    assert folds_before_forward() == 16 * 4  # every rank, every instance
+    monkeypatch.setattr(schedule, "_after_on_connection", lambda ins, consumer: False)
+    assert folds_before_forward() == 16 * 4 / 2  # by position alone: the ranks whose receive comes later
+
+
 def test_a_swapped_sum_is_folded_in_the_block_that_received_it(monkeypatch):
     # 2x DGX H100 hierarchical AllReduce, LL at 64 KiB: the two ranks of a rail swap their nodes' sums over
     # the network, and each sum goes on to seven local peers. Folded in the block that received the other

@@ -435,7 +435,11 @@ def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
     if tb.nsteps + len(group) > step_cap:
         return None
     first, last = min(i.pos for i in group), min(d.pos for d in consumers)
-    between = [i for i in tb.instrs if first < i.pos < last]
+    # a step its connection's order puts after the consumer is not between, whatever its position (fusion
+    # moves a receive-send's position to its send's: the block's next receive from the same peer can have
+    # a smaller one)
+    between = [i for i in tb.instrs if first < i.pos < last
+               and not any(_after_on_connection(i, d) for d in consumers)]
     if between:
         # steps of that block fall between: the fold can still go right after them where the schedule has
         # them arrived before it could start in a block of its own (its partial sums' arrival and a flag):
@@ -449,6 +453,15 @@ def _forwarding_block(group: list, step_cap: int, flag_us: float = 0.0):
         for k, ins in enumerate(sorted(group, key=lambda i: i.pos)):
             ins.pos = after + (1 << 30, k)  # no step of the block lies between `after` and this
     return tb
+
+
+def _after_on_connection(ins, consumer) -> bool:
+    """Whether `order_tb` must put `ins` after `consumer` in their block: both receive (or both send) on
+    the same connection, `ins` with the later event key (a send's is its matched receive's)."""
+    if ins.recv_peer >= 0 and ins.recv_peer == consumer.recv_peer and ins.key > consumer.key:
+        return True
+    return (ins.send_peer >= 0 and ins.send_peer == consumer.send_peer and ins.to is not None
+            and consumer.to is not None and ins.to.key > consumer.to.key)
 
 
 def _receiving_block(group: list, step_cap: int, flag_us: float):
