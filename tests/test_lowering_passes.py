@@ -739,13 +739,15 @@ def test_auto_spreads_connections_over_channels_where_that_is_faster():
     assert time_of(best) < 0.8 * time_of(as_synthesized)
 
 
-def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
+def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere(monkeypatch):
     # 2x DGX H100 hierarchical ReduceScatter, LL at 64 KiB: the block that sends a node's sum to the network
-    # first receives another chunk's partial, which lands before the fold could start in a block of its own
-    # (its partial sums' arrival and a flag); knowing the flag latency, the fold goes after that receive, and
-    # the send no longer waits for another block's flag
+    # also receives another chunk's partial, placed between the fold and the send by position. Its
+    # connection's order puts it after the send (the next test); by position alone, the receive lands before
+    # the fold could start in a block of its own (its partial sums' arrival and a flag): knowing the flag
+    # latency, the fold still goes into the forwarding block, and the send waits for no other block's flag
     from pathlib import Path
 
+    import taccl.lowering.schedule as schedule
     from taccl.simulator import Simulator
     from taccl.sketch import load_sketch
     from taccl.synthesize import SynthesisOptions, synthesize
@@ -754,14 +756,21 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere():
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-hier.json"), collective="reducescatter",
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
     topo = algo.load_topology()
-    unknown, known = (_lower_policy(algo, max_tbs=132, flag_us=f)[0] for f in (0.0, topo.spec.sync_us))
 
     def folds_before_forward(p):
         return sum(1 for g in p.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
                    if a.type is StepType.REDUCE and b.type is StepType.RECV_REDUCE_SEND)
 
-    assert folds_before_forward(known) > folds_before_forward(unknown)
+    def lowered(flag_us):
+        return _lower_policy(algo, max_tbs=132, flag_us=flag_us)[0]
+
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    by_connection = lowered(0.0)
+    assert folds_before_forward(by_connection) == 16 * 4
+    monkeypatch.setattr(schedule, "_after_on_connection", lambda ins, consumer: False)
+    unknown, known = lowered(0.0), lowered(topo.spec.sync_us)
+    assert folds_before_forward(known) == 16 * 4 > folds_before_forward(unknown)
+    assert time_of(known) == pytest.approx(time_of(by_connection))
     assert time_of(known) < time_of(unknown) - 1.0
 
 
