@@ -739,6 +739,12 @@ def test_auto_spreads_connections_over_channels_where_that_is_faster():
     assert time_of(best) < 0.8 * time_of(as_synthesized)
 
 
+def _folds_before_forward(program) -> int:
+    """Local reductions run right before a receive-reduce-send in the same thread block (no flag between)."""
+    return sum(1 for g in program.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
+               if a.type is StepType.REDUCE and b.type is StepType.RECV_REDUCE_SEND)
+
+
 def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere(monkeypatch):
     # 2x DGX H100 hierarchical ReduceScatter, LL at 64 KiB: the block that sends a node's sum to the network
     # also receives another chunk's partial, placed between the fold and the send by position. Its
@@ -757,19 +763,15 @@ def test_a_fold_goes_after_steps_that_arrive_before_it_could_start_elsewhere(mon
                       input_size="64K", options=SynthesisOptions(time_limit_s=20, proto="LL", instances=4))
     topo = algo.load_topology()
 
-    def folds_before_forward(p):
-        return sum(1 for g in p.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
-                   if a.type is StepType.REDUCE and b.type is StepType.RECV_REDUCE_SEND)
-
     def lowered(flag_us):
         return _lower_policy(algo, max_tbs=132, flag_us=flag_us)[0]
 
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
     by_connection = lowered(0.0)
-    assert folds_before_forward(by_connection) == 16 * 4
+    assert _folds_before_forward(by_connection) == 16 * 4
     monkeypatch.setattr(schedule, "_after_on_connection", lambda ins, consumer: False)
     unknown, known = lowered(0.0), lowered(topo.spec.sync_us)
-    assert folds_before_forward(known) == 16 * 4 > folds_before_forward(unknown)
+    assert _folds_before_forward(known) == 16 * 4 > _folds_before_forward(unknown)
     assert time_of(known) == pytest.approx(time_of(by_connection))
     assert time_of(known) < time_of(unknown) - 1.0
 
@@ -794,8 +796,7 @@ def test_a_later_receive_on_the_forwarding_connection_does_not_keep_the_fold_awa
     def folds_before_forward():
         p = _lower_policy(algo, max_tbs=108, flag_us=flag_us)[0]
         assert check_program(p).ok
-        return sum(1 for g in p.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])
-                   if a.type is StepType.REDUCE and b.type is StepType.RECV_REDUCE_SEND)
+        return _folds_before_forward(p)
 
     assert folds_before_forward() == 16 * 4  # every rank, every instance
     monkeypatch.setattr(schedule, "_after_on_connection", lambda ins, consumer: False)
