@@ -370,6 +370,11 @@ class SolveOptions:
     #: many seconds of the solver's own work (see `_Progress`); the solve then ends "feasible" with that
     #: solution. None: run to the time limit or gap. HiGHS and Gurobi only (CBC offers no callback to stop it).
     stall_s: Optional[float] = None
+    #: Stop a MIP after this many seconds of the solver's own work (the stall's clock) with its best solution
+    #: ("feasible"): the budget of a solve of the synthesizer's own (routing's arrival-time solve), which a
+    #: loaded machine must not cut short, or the program written would depend on the load. `time_limit_s`
+    #: still applies. HiGHS and Gurobi; CBC, which offers no callback, takes it as a wall-clock limit.
+    work_limit_s: Optional[float] = None
 
 
 @dataclass
@@ -421,8 +426,13 @@ def _make_result(status: str, solver: str, t0: float, *, values=None, objective=
     return Result(status, values, objective, bound, gap, time.perf_counter() - t0, solver, message)
 
 
-def _stall_message(options: SolveOptions) -> str:
-    return f"stopped: the best solution did not improve for {options.stall_s:g} s of solver work (stall limit)"
+def _stop_message(options: SolveOptions, progress: "_Progress") -> str:
+    """Why `progress` stopped a solve that ended with a solution ("" when it did not stop it)."""
+    if progress.stalled:
+        return f"stopped: the best solution did not improve for {options.stall_s:g} s of solver work (stall limit)"
+    if progress.out_of_work:
+        return f"stopped after {options.work_limit_s:g} s of solver work (work limit)"
+    return ""
 
 
 def _time_left(options: SolveOptions, t0: float) -> float:
@@ -436,7 +446,8 @@ def _time_left(options: SolveOptions, t0: float) -> float:
 
 class _Progress:
     """Watches a backend's progress: relays it to `SolveOptions.on_progress` when something changed, and
-    says when the solve should stop (the user's callback raised, or the incumbent stalled for `stall_s`).
+    says when the solve should stop (the user's callback raised, the incumbent stalled for `stall_s`, or the
+    solver worked `work_limit_s`).
 
     The stall is counted on a clock of the solver's work, not the wall clock, so that a loaded machine (a
     batch's other workers) does not stop a solve earlier and write another program: Gurobi's deterministic
@@ -449,22 +460,24 @@ class _Progress:
     """
 
     def __init__(self, options: SolveOptions):
-        self.fn, self.stall_s = options.on_progress, options.stall_s
+        self.fn, self.stall_s, self.work_limit_s = options.on_progress, options.stall_s, options.work_limit_s
+        self.thread_s0 = time.thread_time()  # the thread clock at the start (Gurobi's work units start at 0)
         self.last: Optional[tuple] = None
         self.error: Optional[BaseException] = None
         self.best: Optional[float] = None  # the best incumbent, and the work clock when it last improved
         self.best_work_s = 0.0
         self.stalled = False
+        self.out_of_work = False
         self.interrupted = False  # Ctrl-C during the solve (see `ctrl_c_stops`)
 
     @property
     def wanted(self) -> bool:
         """Whether the backend needs to report progress at all."""
-        return self.fn is not None or self.stall_s is not None
+        return self.fn is not None or self.stall_s is not None or self.work_limit_s is not None
 
     @property
     def should_stop(self) -> bool:
-        return self.error is not None or self.stalled or self.interrupted
+        return self.error is not None or self.stalled or self.out_of_work or self.interrupted
 
     @contextmanager
     def ctrl_c_stops(self):
@@ -486,10 +499,12 @@ class _Progress:
             signal.signal(signal.SIGINT, previous)
 
     def __call__(self, time_s, incumbent, bound, work_s: Optional[float] = None) -> None:
-        """Progress at `time_s` (wall clock, reported) and `work_s` (the stall's clock; default: this thread's
-        CPU time)."""
+        """Progress at `time_s` (wall clock, reported) and `work_s` (the stall's clock since the start;
+        default: this thread's CPU time)."""
         incumbent, bound = _finite(incumbent), _finite(bound)
-        work_s = time.thread_time() if work_s is None else float(work_s)
+        work_s = time.thread_time() - self.thread_s0 if work_s is None else float(work_s)
+        if self.work_limit_s is not None and work_s >= self.work_limit_s:
+            self.out_of_work = True
         if incumbent is not None and (self.best is None or
                                       incumbent < self.best - STALL_REL_IMPROVEMENT * max(abs(self.best), 1e-10)):
             self.best, self.best_work_s = incumbent, work_s
@@ -679,8 +694,8 @@ class _HighsBackend(MilpBackend):
             return _make_result("error", self.NAME, t0,
                                 message=f"HiGHS: {h.modelStatusToString(ms)} (run status {run_status})")
         message = "" if status == "optimal" else f"HiGHS: {h.modelStatusToString(ms)}"
-        if progress.stalled and status == "feasible":
-            message = _stall_message(options)
+        if status == "feasible" and _stop_message(options, progress):
+            message = _stop_message(options, progress)
         if ms == M.kUnboundedOrInfeasible:
             message += f" (a zero-objective solve decided: {status})"
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
@@ -802,7 +817,7 @@ class _GurobiBackend(MilpBackend):
                 progress.reraise()
             else:
                 m.optimize()
-            return self._result(gp, m, model, a.is_mip, options, t0, stalled=progress.stalled)
+            return self._result(gp, m, model, a.is_mip, options, t0, stopped=_stop_message(options, progress))
         except gp.GurobiError as exc:
             errno = getattr(exc, "errno", None)
             if errno == 10010 or "size-limited" in str(exc):
@@ -880,7 +895,7 @@ class _GurobiBackend(MilpBackend):
                      "INPROGRESS", "USER_OBJ_LIMIT", "WORK_LIMIT", "MEM_LIMIT")
 
     def _result(self, gp, m, model: Model, is_mip: bool, options: SolveOptions, t0: float,
-                stalled: bool = False) -> Result:
+                stopped: str = "") -> Result:
         GRB = gp.GRB
         st = m.Status
         names = {getattr(GRB, n): n for n in self._STATUS_NAMES if hasattr(GRB, n)}
@@ -914,8 +929,8 @@ class _GurobiBackend(MilpBackend):
         else:
             return _make_result("error", self.NAME, t0, message=f"Gurobi: status {names.get(st, st)}")
         message = "" if status == "optimal" else f"Gurobi: {names.get(st, st)}"
-        if stalled and status == "feasible":
-            message = _stall_message(options)
+        if stopped and status == "feasible":
+            message = stopped  # the stall or the work limit (`_Progress`)
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
                             is_mip=is_mip, message=message)
 
@@ -1012,7 +1027,10 @@ class _CbcBackend(MilpBackend):
             for j in np.flatnonzero(~np.isnan(model._start)):
                 xs[j].setInitialValue(float(model._start[j]))
         try:
-            log = self._run(pulp, prob, options, warm, _time_left(options, t0))
+            limit = _time_left(options, t0)
+            if options.work_limit_s is not None:  # no callback to count the solver's work: the wall clock
+                limit = min(limit, float(options.work_limit_s))
+            log = self._run(pulp, prob, options, warm, limit)
             if prob.sol_status != pulp.LpSolutionOptimal and "infeasible or unbounded" in log:
                 return self._infeasible_or_unbounded(pulp, prob, xs, a, options, t0)
         except pulp.PulpSolverError as exc:
@@ -1165,6 +1183,8 @@ def solve(model: Model, solver: str = "highs", options: Optional[SolveOptions] =
         raise UserError(f"mip_rel_gap must be >= 0, got {options.mip_rel_gap}")
     if options.stall_s is not None and not (options.stall_s > 0):
         raise UserError(f"solver stall limit must be positive, got {options.stall_s}")
+    if options.work_limit_s is not None and not (options.work_limit_s > 0):
+        raise UserError(f"solver work limit must be positive, got {options.work_limit_s}")
     reason = backend.unavailable_reason()
     if reason is not None:
         raise SolverError(f"solver '{backend.NAME}' is not available: {reason}")

@@ -246,9 +246,36 @@ def test_stall_limit_stops_a_mip_whose_incumbent_stopped_improving(backend):
     _check_feasible(m, r.values)
 
 
+@pytest.mark.parametrize("backend", _backends(only_progress=True))
+def test_work_limit_stops_a_mip_after_that_much_solver_work(backend):
+    # the same market split: without the limit it would run its whole minute
+    m, _ = market_split(n_rows=4, n_cols=30, seed=1)
+    r = solve(m, backend, SolveOptions(time_limit_s=60.0, work_limit_s=0.5))
+    assert r.status == "feasible" and r.time_s < 20.0, (r.status, r.time_s, r.message)
+    assert "work limit" in r.message
+    _check_feasible(m, r.values)
+
+
+def test_work_limit_counts_solver_work_from_the_start_of_the_solve(monkeypatch):
+    # a solve of the synthesizer's own (routing's arrival times) must do the same work on a loaded machine
+    clock = iter([7.0, 7.5, 8.0, 9.0])
+    monkeypatch.setattr(S.time, "thread_time", lambda: next(clock))
+    progress = S._Progress(SolveOptions(work_limit_s=1.0))
+    assert progress.wanted
+    progress(30.0, 5.0, 0.0)  # 30 s of wall time, 0.5 s of work since the start
+    assert not progress.out_of_work
+    progress(31.0, 5.0, 0.0)
+    assert progress.out_of_work and progress.should_stop
+    gurobi_like = S._Progress(SolveOptions(work_limit_s=1.0))  # (its thread clock read at the start: unused)
+    gurobi_like(30.0, 5.0, 0.0, work_s=0.9)  # work units passed by the backend count from 0
+    assert not gurobi_like.out_of_work
+
+
 def test_stall_limit_must_be_positive():
     with pytest.raises(UserError, match="stall limit"):
         solve(lp_0()[0], "highs", SolveOptions(stall_s=0.0))
+    with pytest.raises(UserError, match="work limit"):
+        solve(lp_0()[0], "highs", SolveOptions(work_limit_s=-1.0))
 
 
 def test_progress_callback_error_propagates():
@@ -333,7 +360,7 @@ def test_stall_counts_solver_work_not_wall_time():
 
 
 def test_stall_clock_defaults_to_the_thread_cpu_time(monkeypatch):
-    clock = iter([3.0, 3.5, 4.2])
+    clock = iter([2.0, 3.0, 3.5, 4.2])  # (the first read is the start)
     monkeypatch.setattr(S.time, "thread_time", lambda: next(clock))
     progress = S._Progress(SolveOptions(stall_s=1.0))
     progress(0.0, 2.0, 1.0)
