@@ -449,7 +449,8 @@ def test_a_tie_at_the_input_size_goes_to_the_least_latency():
     assert max(at_size) <= min(at_size) * (1 + TIE_TOLERANCE)
     at_1k = [Simulator(p, topo).run(1024).time_us for p in programs]
     assert at_1k[1] < min(at_1k[0], at_1k[2])
-    assert program_to_xml(lower(algo, topology=topo)) == program_to_xml(programs[1])
+    # (with `connection_blocks` given, "auto" does not lower its fastest policy again on two blocks a connection)
+    assert program_to_xml(lower(algo, topology=topo, connection_blocks=1)) == program_to_xml(programs[1])
     # an AllToAll sends every chunk to one rank: no fan-out, so no fourth policy to lower
     with pytest.raises(UserError, match="nothing for network_fan_out to fuse"):
         _lower_policy(algo, keep_schedule=False, network_fan_out=topo.spec.gpus_per_node)
@@ -607,10 +608,11 @@ def test_a_network_send_fuses_with_a_fan_out_whose_local_readers_come_first():
     assert fused_to_network(network) > fused_to_network(eager)
     saved = Simulator(eager, topo).run(8192).time_us - Simulator(network, topo).run(8192).time_us
     assert saved > topo.spec.sync_us / 2
-    # the named policies are the ones "auto" chooses among
+    # the named policies are the ones "auto" chooses among (the fastest of them is also lowered on two blocks
+    # a connection, unless `connection_blocks` is given)
     unfused = lower(algo, topology=topo, fusion="none")
     assert _fused_steps(unfused) == 0 < _fused_steps(eager)
-    assert program_to_xml(lower(algo, topology=topo)) in {program_to_xml(p) for p in (
+    assert program_to_xml(lower(algo, topology=topo, connection_blocks=1)) in {program_to_xml(p) for p in (
         network, eager, lower(algo, topology=topo, fusion="schedule"), unfused)}
 
 
@@ -738,6 +740,33 @@ def test_auto_spreads_connections_over_channels_where_that_is_faster():
     time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
     assert time_of(best) < 0.8 * time_of(as_synthesized)
 
+
+
+def test_auto_also_lowers_its_fastest_policy_with_each_connection_on_two_blocks():
+    # 2x DGX H100 AllReduce flat over the rails, Simple on four instances at 256 MiB: each connection's
+    # transfers alternate between two thread blocks (8 channels, not 4), so that no block's bandwidth cap
+    # leaves a connection's next transfer waiting: 4% faster at the input size, and no slower at 4x it
+    from pathlib import Path
+
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="allreduce",
+                      input_size="256MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
+    topo = algo.load_topology()
+    best = lower(algo, topology=topo, max_tbs=132)
+    one_block = lower(algo, topology=topo, max_tbs=132, connection_blocks=1)
+    assert program_to_xml(best) == program_to_xml(
+        lower(algo, topology=topo, max_tbs=132, fusion="schedule", connection_blocks=2))
+    assert (one_block.nchannels, best.nchannels) == (4, 8) and check_program(best).ok
+    for size in (algo.input_size_bytes, 4 * algo.input_size_bytes):
+        assert Simulator(best, topo).run(size).time_us < 0.99 * Simulator(one_block, topo).run(size).time_us
+    assert Simulator(best, topo).run(algo.input_size_bytes).time_us < 0.97 * Simulator(
+        one_block, topo).run(algo.input_size_bytes).time_us
+    with pytest.raises(UserError, match="--connection-blocks must be from 1 to 8"):
+        lower(algo, topology=topo, connection_blocks=9)
 
 def _folds_before_forward(program) -> int:
     """Local reductions run right before a receive-reduce-send in the same thread block (no flag between)."""

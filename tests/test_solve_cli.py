@@ -323,6 +323,19 @@ def test_bad_calls_get_one_clear_message_before_any_work(tmp_path, capsys, argv,
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+def test_lower_spreads_connections_over_the_blocks_asked_for(tmp_path, capsys):
+    assert main(["solve", SKETCH, "-o", str(tmp_path), "--no-xml", "-q"]) == 0
+    algo = next(tmp_path.glob("*.algo.json"))
+    out = tmp_path / "two.xml"
+    assert main(["lower", str(algo), "--connection-blocks", "2", "-o", str(out), "-q"]) == 0
+    assert main(["check", str(out), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["lower", str(algo), "--connection-blocks", "0", "-o", str(tmp_path / "none.xml")]) == 2
+    err = capsys.readouterr().err
+    assert "--connection-blocks must be from 1 to" in err and "Traceback" not in err
+    assert not (tmp_path / "none.xml").exists()
+
+
 def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, capsys):
     assert main(["solve", SKETCH, "-o", str(tmp_path), "--no-xml", "-q"]) == 0
     good = next(tmp_path.glob("*.algo.json"))

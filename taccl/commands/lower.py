@@ -42,6 +42,10 @@ def register(subparsers) -> None:
                    help="steps a thread block takes before a connection's next transfers go to another channel: "
                         "smaller spreads connections over more channels (thread blocks) without splitting chunks; "
                         "a multiple of 8, default 64 (the runtime's limit)")
+    p.add_argument("--connection-blocks", type=int, default=None, metavar="K",
+                   help="spread each connection with several transfers over at least K thread blocks (channels), "
+                        "its transfers alternating between them (default: as --block-steps needs; --fusion auto "
+                        "also lowers its fastest policy with 2 and keeps that where it is faster)")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
@@ -72,7 +76,8 @@ def run(args) -> int:
         program = lower(algo, instances=args.instances, proto=args.proto, min_bytes=min_bytes, max_bytes=max_bytes,
                         max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
                         topology=topology, fusion="none" if args.no_fusion else args.fusion,
-                        block_steps=args.block_steps, target=target.name)
+                        block_steps=args.block_steps, connection_blocks=args.connection_blocks,
+                        target=target.name)
     prepare_for_target(program, target, report=warn)
     write_program(program, out, target=target.name)
     if not args.quiet:

@@ -67,6 +67,10 @@ class LoweringOptions:
     # spreads a connection over more channels (blocks): more bandwidth per connection without splitting
     # chunks into more steps as instances do; a multiple of 8 up to max_steps (None: max_steps)
     block_steps: int | None = None
+    # thread blocks (channels) each connection with several transfers is spread over at least: its transfers
+    # then alternate between blocks, so a block waiting for one chunk's partial does not hold the next
+    # chunk's send back (None: as many as block_steps needs)
+    connection_blocks: int | None = None
     max_nodes: int = MAX_NODES  # XML nodes a rank's parser stores (a custom runtime build may allow more)
     fuse: bool = True
     # False for a runtime that runs no fused step (RCCL, `taccl.targets`): no fusion, and a remote reduction
@@ -96,6 +100,9 @@ class LoweringOptions:
                                                  and self.block_steps % 8 == 0):
             raise UserError(f"--block-steps must be a multiple of 8 from 8 to {self.max_steps}, got "
                             f"{self.block_steps}")
+        if self.connection_blocks is not None and not 1 <= self.connection_blocks <= MAX_CHANNELS // self.instances:
+            raise UserError(f"--connection-blocks must be from 1 to {MAX_CHANNELS // self.instances} (the channels of "
+                            f"an instance), got {self.connection_blocks}")
 
 
 # named fusion policies (`lower`'s `fusion`, `taccl lower --fusion`, a SKU's `fusion` variant); "auto" lowers
@@ -107,6 +114,9 @@ FUSION_POLICIES = ("auto", "schedule", "eager", "none", "network")
 # chunk into smaller steps on every connection. Saved 16-node DGX H100 and A100 algorithms simulate 18-28%
 # faster at 1 MiB this way than lowered as synthesized; at 16 MiB they tie or lose (docs/lowering.md)
 SPREAD_BLOCK_STEPS = 8
+# "auto" lowers its fastest policy again with each connection of several transfers on at least this many
+# thread blocks (`LoweringOptions.connection_blocks`), on the same instances, and keeps the faster
+CONNECTION_BLOCKS = 2
 # above this many transfers "auto" lowers the schedule's policy alone: each policy's build takes minutes there
 # (64x DGX H100 AllToAll, 487424 transfers: 97, 214, 72 and 40 s, then a simulation of each distinct program)
 AUTO_POLICIES_MAX_TRANSFERS = 100_000
@@ -126,7 +136,8 @@ def _fusion_policy(name: str, topology) -> dict:
 def lower(algorithm, *, instances: int | None = None, proto: str | None = None, min_bytes: int = 0,
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None,
-          fusion: str = "auto", block_steps: int | None = None, target: str = "msccl-executor",
+          fusion: str = "auto", block_steps: int | None = None, connection_blocks: int | None = None,
+          target: str = "msccl-executor",
           report=SILENT) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
@@ -144,8 +155,11 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     over the network without a flag wait) are lowered, and, where neither `instances` nor `block_steps` is
     given, the schedule's fusion spread over channels on one instance (`SPREAD_BLOCK_STEPS`); the one the
     calibrated simulator finds fastest at the algorithm's input size is returned; within
-    `taccl.simulator.TIE_TOLERANCE` of each other (a tie), the fastest at a size 1024 times smaller (at
-    least 1 KiB), then the schedule's. The candidates are lowered unchecked and only that one is proven (on
+    `taccl.simulator.TIE_TOLERANCE` of each other (a tie), of those that also tie at 4x the size, the fastest
+    at a size 1024 times smaller (at least 1 KiB), then the schedule's. Where neither `block_steps` nor
+    `connection_blocks` is given, the fastest is lowered again with each connection's transfers alternating
+    between two blocks (`CONNECTION_BLOCKS`), which replaces it where it is faster and not slower at 4x the
+    size. The candidates are lowered unchecked and only that one is proven (on
     16 nodes a proof takes seconds); a policy whose program fails the proof or deadlocks in simulation is
     lowered again proving each fusion mode (falling back to the next mode) and the candidates are ranked
     again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is
@@ -163,6 +177,12 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     chunk into more, smaller steps, or one instance at 64), and tie or lose at 16 MiB. Given (or by the
     sketch: `Algorithm.block_steps`), it applies to every candidate "auto" ranks.
 
+    `connection_blocks` (`LoweringOptions.connection_blocks`) spreads each connection with several transfers
+    over at least that many channels, on the same instances: neither one block's bandwidth cap nor its wait
+    for a chunk's partial sum holds the connection's next transfer back (2x DGX H100 AllReduce over the
+    rails, Simple on four instances at 256 MiB: 4% faster; docs/lowering.md). Given, it applies to every
+    candidate.
+
     `target` (`taccl.targets`) is the runtime the program is for: for RCCL, which runs no fused step, every
     receive is a plain one (a partial sum lands in scratch and a local step adds it) and a rank has at most
     64 thread blocks.
@@ -174,7 +194,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     if block_steps is None:
         block_steps = algorithm.block_steps  # the sketch's, if it gives one
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
-              fuse=fuse, check=check, name=name, block_steps=block_steps)
+              fuse=fuse, check=check, name=name, block_steps=block_steps, connection_blocks=connection_blocks)
     runtime = get_target(target)
     if runtime.max_tbs is not None:
         kw["max_tbs"] = min(max_tbs, runtime.max_tbs)
@@ -207,8 +227,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
         report(f"lowering: {len(algorithm.transfers)} transfers > {AUTO_POLICIES_MAX_TRANSFERS}: only the "
                f"schedule's fusion policy (`taccl lower --fusion` lowers another)")
         names, policies = names[:1], policies[:1]
+    two_blocks = block_steps is None and connection_blocks is None and len(policies) > 1
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
-    progress = report.progress("lowering", len(names), "lowering policies", every_s=2.0)
+    progress = report.progress("lowering", len(names) + two_blocks, "lowering policies", every_s=2.0)
     first, converge, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choices: retrying the other ways of landing converging reductions
     # would repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than
@@ -218,21 +239,37 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     kw["instances"] = instances_kept
     candidates = {0: first}  # policy index -> its program
     seen = {_fingerprint(first)}
-    for k, policy in enumerate(policies[1:], 1):
+
+    def add(k):
         progress.update(k)
         try:
-            program = _lower_one(algorithm, **{**kw, **policy})[0]
+            program = _lower_one(algorithm, **{**kw, **policies[k]})[0]
         except UserError:
-            continue  # within the runtime's limits only with more fusion, or (fan-outs) nothing to fuse
+            return  # within the runtime's limits only with more fusion, or (fan-outs) nothing to fuse
         fingerprint = _fingerprint(program)
         if fingerprint not in seen:
             seen.add(fingerprint)
             candidates[k] = program
+
+    for k in range(1, len(policies)):
+        add(k)
+    simulated = {}  # the rankings' simulations, by program
+    if two_blocks:
+        # the fastest policy again with each connection's transfers alternating between two blocks: more
+        # blocks to hide flag waits, each with less bandwidth, so it must not lose at 4x the size either
+        best, _ = _ranked(candidates, topology, algorithm.input_size_bytes, simulated)
+        names.append(f"{names[best]}, two blocks a connection")
+        policies.append({**policies[best], "connection_blocks": CONNECTION_BLOCKS})
+        k = len(policies) - 1
+        add(k)
+        if k in candidates and _ranked({best: candidates[best], k: candidates[k]}, topology,
+                                       4 * algorithm.input_size_bytes, simulated)[0] != k:
+            del candidates[k]
     proven = set()  # policies lowered again with each fusion mode proven
     while True:
         if len(candidates) > 1:
             report(f"lowering: {len(candidates)} distinct programs, ranked on the simulator")
-        best, deadlocked = _ranked(candidates, topology, algorithm.input_size_bytes)
+        best, deadlocked = _ranked(candidates, topology, algorithm.input_size_bytes, simulated)
         retry = deadlocked - proven if check else set()
         if not retry:
             if check and best not in proven:
@@ -253,43 +290,53 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
                     raise  # no policy gives a proven program: the checker's findings
 
 
-def _ranked(candidates: dict, topology, size: int) -> tuple:
+def _ranked(candidates: dict, topology, size: int, simulated: dict | None = None) -> tuple:
     """(the key of the candidate the calibrated simulator finds fastest at `size`, the keys of those that
     deadlock in simulation or that it refuses, unproven programs both). Within `TIE_TOLERANCE` of the
-    fastest (bandwidth-bound alike there), the one with the least latency (at a size 1024 times smaller)
-    serves the sizes below it best; then the smaller key (0 is the schedule's fusion)."""
+    fastest, those also within it at 4x `size` (the sizes above: two programs that tie at 16 MiB can differ by
+    4% at 64 MiB), and of those the one with the least latency (at a size 1024 times smaller) serves the
+    sizes below it best; then the smaller key (0 is the schedule's fusion). `simulated` keeps the
+    simulations for the next ranking (id of a program -> the program, its Simulator, its times by size)."""
     from ..simulator import TIE_TOLERANCE, Simulator
 
     if len(candidates) == 1:
         return next(iter(candidates)), set()  # (the proof tells whether it deadlocks)
+    simulated = {} if simulated is None else simulated
 
     def simulator(program):
-        try:
-            return Simulator(program, topology)
-        except UserError:  # an ill-formed program (a lowering bug): its proof would fail too
-            return None
+        if id(program) not in simulated:
+            try:
+                sim = Simulator(program, topology)
+            except UserError:  # an ill-formed program (a lowering bug): its proof would fail too
+                sim = None
+            simulated[id(program)] = (program, sim, {})  # (the program, so that its id stays its own)
+        return simulated[id(program)]
 
-    def time_at(sim, nbytes):
-        if sim is None:
-            return math.inf
-        try:
-            return sim.run(nbytes).time_us
-        except (CheckFailed, UserError):
-            return math.inf
+    def time_at(k, nbytes):
+        _, sim, times = simulator(candidates[k])
+        if nbytes not in times:
+            try:
+                times[nbytes] = math.inf if sim is None else sim.run(nbytes).time_us
+            except (CheckFailed, UserError):
+                times[nbytes] = math.inf
+        return times[nbytes]
 
-    sims = {k: simulator(p) for k, p in candidates.items()}
-    times = {k: time_at(sim, size) for k, sim in sims.items()}
+    times = {k: time_at(k, size) for k in candidates}
     deadlocked = {k for k, t in times.items() if t == math.inf}
     near = [k for k, t in times.items() if t <= min(times.values()) * (1 + TIE_TOLERANCE)]
+    if len(near) > 1:
+        # the program serves the sizes above its input size too: a tie there need not be one at 4x
+        big = {k: time_at(k, 4 * size) for k in near}
+        near = [k for k in near if big[k] <= min(big.values()) * (1 + TIE_TOLERANCE)]
     if len(near) == 1:
         return near[0], deadlocked
     small = max(1024, size // 1024)
-    return min(near, key=lambda k: (time_at(sims[k], small), k)), deadlocked
+    return min(near, key=lambda k: (time_at(k, small), k)), deadlocked
 
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
                keep_schedule, network_fan_out=0, flag_us=0.0, converges=None,
-               block_steps=None, fused_receives=True) -> tuple:
+               block_steps=None, connection_blocks=None, fused_receives=True) -> tuple:
     """(the program, how its converging reductions land (`CONVERGE_MODES`), its instances)."""
     proto = algorithm.protocol if proto is None else proto
     coll = algorithm.make_collective()
@@ -308,7 +355,8 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
             opts = LoweringOptions(instances=n, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes,
                                    max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule,
                                    network_fan_out=network_fan_out, flag_us=flag_us, check=check,
-                                   block_steps=block_steps, fused_receives=fused_receives)
+                                   block_steps=block_steps, connection_blocks=connection_blocks,
+                                   fused_receives=fused_receives)
             opts.validate()
             ops = algorithm_ops(algorithm, coll, single=n > 1, converge=converge)
             try:
@@ -529,7 +577,8 @@ def _build(ops, coll, name, opts, mode, cap, per_instance_tbs, pack=False):
         return _OverNodes(floor)
     try:
         tbs = allocate(instrs, coll.num_ranks, max_channels=MAX_CHANNELS // opts.instances, step_cap=cap,
-                       max_tbs=per_instance_tbs, pack=pack, flag_us=opts.flag_us)
+                       max_tbs=per_instance_tbs, pack=pack, flag_us=opts.flag_us,
+                       connection_blocks=opts.connection_blocks or 1)
         scratch = compact_scratch(tbs, coll.num_ranks)
         return emit(tbs, coll, name=name, instances=opts.instances, proto=opts.proto, min_bytes=opts.min_bytes,
                     max_bytes=opts.max_bytes, scratch=scratch)

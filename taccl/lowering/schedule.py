@@ -217,15 +217,17 @@ class _Spread:
     16-node AllReduce's node connections are its ReduceScatter, the next 64 its AllGather: each phase ran
     on half the blocks, at half their bandwidth). So a flow goes first to the one of its first k channels
     where its connections have the fewest transfers so far: consecutive transfers of a connection
-    alternate between its blocks and run side by side (and a fused flow, one chunk's whole ring, too)."""
+    alternate between its blocks and run side by side (and a fused flow, one chunk's whole ring, too).
+    `min_blocks` (`LoweringOptions.connection_blocks`) raises k for connections of several transfers."""
 
-    def __init__(self, live, step_cap):
+    def __init__(self, live, step_cap, min_blocks=1):
         self.count, self.placed = {}, {}  # (rank, send peer) -> its transfers; (.., channel) -> placed so far
         for ins in live:
             if ins.send_peer >= 0:
                 key = (ins.rank, ins.send_peer)
                 self.count[key] = self.count.get(key, 0) + 1
         self.step_cap = step_cap
+        self.min_blocks = min_blocks
 
     @staticmethod
     def _conns(flow):
@@ -234,7 +236,7 @@ class _Spread:
     def order(self, flow, chans):
         """`chans` (sorted) in the order to try them for `flow`."""
         conns = self._conns(flow)
-        k = max(-(-self.count[c] // self.step_cap) for c in conns)
+        k = max(max(-(-n // self.step_cap), min(self.min_blocks, n)) for n in (self.count[c] for c in conns))
         if k <= 1 or len(chans) <= 1:
             return chans
         load = {ch: max(self.placed.get(c + (ch,), 0) for c in conns) for ch in chans[:k]}
@@ -327,7 +329,7 @@ def _unfuse(x: Instr, instrs: list) -> tuple:
 
 
 def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, max_tbs: int,
-             pack: bool = False, flag_us: float = 0.0) -> list:
+             pack: bool = False, flag_us: float = 0.0, connection_blocks: int = 1) -> list:
     """Assign channels and thread blocks; returns the TBs (instructions in order, ``index`` unset).
     ``pack`` puts each new connection into an existing tb of its channel that lacks that direction
     (fewer thread blocks, less concurrency); the caller uses it when a rank has too many. ``flag_us``: the
@@ -341,7 +343,7 @@ def allocate(instrs: list, num_ranks: int, *, max_channels: int, step_cap: int, 
             st.hints.setdefault((ins.rank, "S", ins.send_peer, ins.want_ch), ins.recv_peer)
             st.hints.setdefault((ins.rank, "R", ins.recv_peer, ins.want_ch), ins.send_peer)
     pending = _flows(live)
-    spread = _Spread(live, step_cap)
+    spread = _Spread(live, step_cap, connection_blocks)
     pending.reverse()  # a stack: pop the smallest key first
     while pending:
         flow = pending.pop()
