@@ -235,24 +235,15 @@ def test_progress_callback(backend):
 
 
 @pytest.mark.parametrize("backend", _backends(only_progress=True))
-def test_stall_limit_stops_a_mip_whose_incumbent_stopped_improving(backend):
-    # Market split: solutions come early, the zero bound is never closed; without the stall limit the
+@pytest.mark.parametrize("limit,says", [({"stall_s": 0.5}, "stall limit"), ({"work_limit_s": 0.5}, "work limit")])
+def test_stall_and_work_limits_stop_a_mip_that_would_run_its_whole_minute(backend, limit, says):
+    # Market split: solutions come early, the zero bound is never closed; without either limit the
     # solve would run its whole minute.
     m, _ = market_split(n_rows=4, n_cols=30, seed=1)
-    r = solve(m, backend, SolveOptions(time_limit_s=60.0, stall_s=0.5))
+    r = solve(m, backend, SolveOptions(time_limit_s=60.0, **limit))
     assert r.status == "feasible" and r.time_s < 20.0, (r.status, r.time_s, r.message)
-    assert "stall limit" in r.message
+    assert says in r.message
     assert r.gap is not None and r.gap > 0
-    _check_feasible(m, r.values)
-
-
-@pytest.mark.parametrize("backend", _backends(only_progress=True))
-def test_work_limit_stops_a_mip_after_that_much_solver_work(backend):
-    # the same market split: without the limit it would run its whole minute
-    m, _ = market_split(n_rows=4, n_cols=30, seed=1)
-    r = solve(m, backend, SolveOptions(time_limit_s=60.0, work_limit_s=0.5))
-    assert r.status == "feasible" and r.time_s < 20.0, (r.status, r.time_s, r.message)
-    assert "work limit" in r.message
     _check_feasible(m, r.values)
 
 
