@@ -159,8 +159,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     at a size 1024 times smaller (at least 1 KiB), then the schedule's. Where neither `block_steps` nor
     `connection_blocks` is given, the fastest is lowered again with each connection's transfers alternating
     between two blocks (`CONNECTION_BLOCKS`), which replaces it where it is faster and not slower at 4x the
-    size. The candidates are lowered unchecked and only that one is proven (on
-    16 nodes a proof takes seconds); a policy whose program fails the proof or deadlocks in simulation is
+    size. The candidates are lowered unchecked and only the one returned is proven (on 16 nodes a proof
+    takes seconds); a policy whose program fails the proof or deadlocks in simulation is
     lowered again proving each fusion mode (falling back to the next mode) and the candidates are ranked
     again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is
     the only one lowered.
