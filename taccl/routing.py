@@ -43,7 +43,8 @@ EPSILON_FRACTION = 1e-4  # per-transfer tie-breaker, relative to the cheapest li
 ROUTING_REL_GAP = 1e-2
 # The arrival-time solve's budget: this fraction of the stage's time limit, at most ARRIVAL_TIME_MAX_S, counted
 # in the solver's own work (a loaded machine would otherwise stop it earlier, with another routing: a batch's
-# programs depended on how many jobs ran beside them); the wall clock caps it at what is left of the stage's
+# programs depended on how many jobs ran beside them); the wall clock caps it at what the first solve left of
+# the stage's limit
 ARRIVAL_TIME_FRACTION = 0.1
 ARRIVAL_TIME_MAX_S = 5.0
 
