@@ -694,8 +694,9 @@ class _HighsBackend(MilpBackend):
             return _make_result("error", self.NAME, t0,
                                 message=f"HiGHS: {h.modelStatusToString(ms)} (run status {run_status})")
         message = "" if status == "optimal" else f"HiGHS: {h.modelStatusToString(ms)}"
-        if status == "feasible" and _stop_message(options, progress):
-            message = _stop_message(options, progress)
+        stopped = _stop_message(options, progress)
+        if status == "feasible" and stopped:
+            message = stopped
         if ms == M.kUnboundedOrInfeasible:
             message += f" (a zero-objective solve decided: {status})"
         return _make_result(status, self.NAME, t0, values=values, objective=objective, bound=bound,
