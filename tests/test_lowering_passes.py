@@ -767,6 +767,40 @@ def test_auto_also_lowers_its_fastest_policy_with_each_connection_on_two_blocks(
         lower(algo, topology=topo, connection_blocks=9)
 
 
+def test_a_memo_carries_each_policy_to_the_next_lowering_of_the_algorithm(monkeypatch):
+    # what a batch does with one synthesis: "auto" (here on two blocks a connection), then "auto" with one
+    # block and the schedule's policy alone. Through a LoweringMemo the later calls build no policy again;
+    # each returns the program it returns without the memo, as its own object under its own name
+    from pathlib import Path
+
+    import taccl.lowering as lowering
+    from taccl.lowering import LoweringMemo
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="allreduce",
+                      input_size="256MiB", options=SynthesisOptions(time_limit_s=20, proto="Simple", instances=4))
+    topo = algo.load_topology()
+    calls = [dict(), dict(connection_blocks=1), dict(fusion="schedule")]
+    alone = [program_to_xml(lower(algo, topology=topo, max_tbs=132, name=f"p{i}", **kw)) for i, kw in enumerate(calls)]
+    builds = []
+    real = lowering._lower_one
+    monkeypatch.setattr(lowering, "_lower_one", lambda *a, **k: builds.append(k) or real(*a, **k))
+    memo = LoweringMemo()
+    programs = []
+    for i, kw in enumerate(calls):
+        programs.append(lower(algo, topology=topo, max_tbs=132, name=f"p{i}", memo=memo, **kw))
+        assert program_to_xml(programs[-1]) == alone[i] and programs[-1].name == f"p{i}"
+        if i == 0:
+            first = len(builds)
+            assert first >= 5  # every policy, and the fastest again on two blocks a connection
+    assert len(builds) == first and programs[0].nchannels == 2 * programs[1].nchannels
+    assert len({id(p) for p in programs}) == 3
+    with pytest.raises(ValueError, match="serves the algorithm it was first used for"):
+        lower(Algorithm.from_json(algo.to_json()), topology=topo, memo=memo)
+
+
 def _folds_before_forward(program) -> int:
     """Local reductions run right before a receive-reduce-send in the same thread block (no flag between)."""
     return sum(1 for g in program.gpus for tb in g.threadblocks for a, b in zip(tb.steps, tb.steps[1:])

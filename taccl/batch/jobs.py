@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,11 @@ from ..units import format_size
 from .sku import Sku
 
 CACHE_FORMAT = 1
+# the label suffix of a synthesis lowered by "auto" with each connection on one thread block
+# (`lower(connection_blocks=1)`): "auto" spreads connections over two blocks where that is faster at the input
+# size and at 4x it, and the spread program can lose further up (2x DGX H100 AllReduce synthesized at 64 KiB:
+# faster at 64 and 256 KiB, 2.9% slower at 1 MiB), where the batch's windows may still run it
+_ONE_BLOCK = "+one-block"
 # `plan` traces each baseline to see that the topology has its links (a 128-rank ring AllReduce: 260 k
 # operations, 3 s); past this many its task finds out instead (a 512-rank ring: 2 M, tens of seconds and GBs)
 PLAN_TRACE_MAX_OPS = 300_000
@@ -74,6 +80,7 @@ class ProgramJob:
     instances: int
     fusion: str = "auto"  # synthesized programs: the lowering policy (`taccl.lowering.FUSION_POLICIES`)
     target: str = "msccl-executor"  # the lowering's target (`taccl.targets.lowered_for`)
+    connection_blocks: int | None = None  # synthesized programs: `lower`'s (None: its own choice)
 
 
 @dataclass
@@ -135,11 +142,12 @@ def plan(sku: Sku) -> list:
               "stall_s": sku.stall_s, "threads": sku.threads, "seed": sku.seed}
     grid = list(sku.grid)
 
-    def program(key, label, kind, source, proto, inst, nodes, fusion="auto", target=DEFAULT_TARGET):
+    def program(key, label, kind, source, proto, inst, nodes, fusion="auto", target=DEFAULT_TARGET,
+                connection_blocks=None):
         sim_key = digest({"kind": "simulation", "program": key, "topology": topo_fp, "nodes": nodes, "sizes": grid,
                           "options": sim_opts})
         return ProgramJob(key=key, sim_key=sim_key, label=label, kind=kind, source=source, proto=proto, instances=inst,
-                          fusion=fusion, target=target)
+                          fusion=fusion, target=target, connection_blocks=connection_blocks)
 
     # a synthesis is lowered once per distinct lowering target (RCCL's has no fused steps; legacy runs the
     # executor's); the executor's keys and labels are those of a SKU without targets, so its cache stays valid
@@ -182,6 +190,12 @@ def plan(sku: Sku) -> list:
                                                                                  f"+{fusion}"), target)
                                             progs.append(program(pkey, lab, "synthesized", cand.name, proto, inst, n,
                                                                  fusion, target))
+                                            if fusion == "auto" and get_target(target).fused_steps:
+                                                # and with one block a connection (`_ONE_BLOCK`)
+                                                pkey, lab = targeted({**pdoc, "connection_blocks": 1},
+                                                                     plabel + _ONE_BLOCK, target)
+                                                progs.append(program(pkey, lab, "synthesized", cand.name, proto,
+                                                                     inst, n, fusion, target, connection_blocks=1))
                                     tasks.append(Task(kind="synthesis", key=key, label=plabel, collective=coll,
                                                       nodes=n, topology=sku.topology, grid=sku.grid, programs=progs,
                                                       max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
@@ -216,6 +230,12 @@ def plan(sku: Sku) -> list:
 def _body_digest(xml: str) -> str:
     """A program's digest without its <algo> line (name, window and call kinds are set when it is written)."""
     return hashlib.sha256(xml.split("\n", 1)[-1].encode()).hexdigest()
+
+
+def _unnamed_digest(xml: str) -> str:
+    """A program's digest without its name: two programs that differ only in it simulate alike (a protocol, in
+    the <algo> line too, does not)."""
+    return hashlib.sha256(re.sub(r' name="[^"]*"', "", xml, count=1).encode()).hexdigest()
 
 
 def deployed(sku: Sku, outdir: Path, tasks: list, store, target: str) -> tuple:
@@ -307,7 +327,10 @@ def execute(task: Task, emit) -> None:
         record = _synthesize(task)
         emit(record)
         algo = record
-    built = {}  # a baseline's programs, by instance count (see `_baseline_program`)
+    # what the task's programs share: a baseline's programs by instance count (see `_baseline_program`), a
+    # synthesis' Algorithm and its `LoweringMemo`
+    built = {}
+    simulated = {}  # `_unnamed_digest` of a program -> its simulation here: a program twice is simulated once
     for prog in task.programs:
         xml = task.cached.get(prog.key)
         program = None  # the Program just lowered, simulated as it is rather than parsed back from its XML
@@ -321,8 +344,14 @@ def execute(task: Task, emit) -> None:
         if prog.sim_key not in task.done:
             if xml is None or xml["status"] != "ok":
                 emit(failure(prog.sim_key, "simulation", xml["reason"] if xml else "no program", label=prog.label))
+                continue
+            content = _unnamed_digest(xml["xml"])
+            same = simulated.get(content)
+            if same is not None and same["status"] == "ok":
+                sim = {**same, "key": prog.sim_key, "label": prog.label, "time_s": 0.0}
             else:
-                emit(_simulate(task, prog, xml, topo, program))
+                sim = simulated[content] = _simulate(task, prog, xml, topo, program)
+            emit(sim)
 
 
 def _synthesize(task: Task) -> dict:
@@ -358,13 +387,17 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo, built: dict) -> tupl
     t0 = time.monotonic()
     try:
         if task.kind == "synthesis":
-            from ..lowering import lower
+            from ..lowering import LoweringMemo, lower
 
-            algo = Algorithm.from_json(algo_record["algorithm"])
+            if "algorithm" not in built:  # parsed once: the memo serves one Algorithm object
+                built["algorithm"] = Algorithm.from_json(algo_record["algorithm"])
+                built["memo"] = LoweringMemo()
+            algo = built["algorithm"]
             # the algorithm's own instance count is left to `lower`, which halves it if the blocks do not fit
             program = lower(algo, instances=None if prog.instances == algo.instances else prog.instances,
                             proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo,
-                            fusion=prog.fusion, target=prog.target)
+                            fusion=prog.fusion, connection_blocks=prog.connection_blocks, target=prog.target,
+                            memo=built["memo"])
         else:
             program = _baseline_program(task, prog, topo, built)
             program.name = prog.label

@@ -28,7 +28,7 @@ import hashlib
 import math
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import CheckFailed, UserError
 from ..program import MAX_NODES, Buf, Program, Proto
@@ -41,8 +41,8 @@ from .instructions import generate
 from .ops import COPY, REDUCE, ChunkOp
 from .schedule import ChannelsFull, OrderFailed, allocate
 
-__all__ = ["lower", "lower_ops", "lower_ops_protocols", "write_program", "LoweringOptions", "ChunkOp", "verify_program", "serve_inplace",
-           "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of"]
+__all__ = ["lower", "lower_ops", "lower_ops_protocols", "write_program", "LoweringOptions", "LoweringMemo", "ChunkOp",
+           "verify_program", "serve_inplace", "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of"]
 
 MAX_CHANNELS = 32
 DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
@@ -122,6 +122,48 @@ CONNECTION_BLOCKS = 2
 AUTO_POLICIES_MAX_TRANSFERS = 100_000
 
 
+@dataclass
+class LoweringMemo:
+    """What `lower` computed for one algorithm, for the next `lower` of it with other options (a batch lowers a
+    synthesis with several fusion policies, and "auto" also with `connection_blocks=1`): every policy's
+    program or the error it raised, the rankings' simulations and the proofs. Programs are reused only where
+    the later call's options would build the same one; a program lowered unchecked serves a checked call once
+    it is proven (the checked lowering would have returned its first attempt)."""
+
+    algorithm: object = None  # the one algorithm it serves (kept, so that no other takes its id)
+    programs: dict = field(default_factory=dict)  # `_lower_one`'s options but the name -> its result or error
+    simulated: dict = field(default_factory=dict)  # `_ranked`'s simulations
+    proofs: dict = field(default_factory=dict)  # id of a program -> (the program, whether it is proven)
+
+    def lower_one(self, algorithm, **kw) -> tuple:
+        """`_lower_one(algorithm, **kw)`, or what an earlier call with the same options returned."""
+        if self.algorithm is None:
+            self.algorithm = algorithm
+        elif self.algorithm is not algorithm:
+            raise ValueError("a LoweringMemo serves the algorithm it was first used for")
+        key = tuple(sorted((k, v) for k, v in kw.items() if k != "name"))
+        hit = self.programs.get(key)
+        if hit is None and kw.get("check"):
+            unchecked = self.programs.get(tuple(sorted((k, False if k == "check" else v) for k, v in key)))
+            if isinstance(unchecked, tuple) and self.proven(unchecked[0]):
+                hit = unchecked
+        if hit is None:
+            try:
+                hit = _lower_one(algorithm, **kw)
+            except (UserError, CheckFailed) as exc:
+                hit = exc
+            self.programs[key] = hit
+        if isinstance(hit, Exception):
+            raise hit
+        return hit
+
+    def proven(self, program: Program) -> bool:
+        """Whether `verify_program` proves the program (each program checked once)."""
+        if id(program) not in self.proofs:
+            self.proofs[id(program)] = (program, verify_program(program).ok)
+        return self.proofs[id(program)][1]
+
+
 def _fusion_policy(name: str, topology) -> dict:
     """`_lower_one`'s arguments for a named fusion policy (not "auto")."""
     if name == "schedule":
@@ -137,7 +179,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None,
           fusion: str = "auto", block_steps: int | None = None, connection_blocks: int | None = None,
-          target: str = "msccl-executor",
+          target: str = "msccl-executor", memo: LoweringMemo | None = None,
           report=SILENT) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
@@ -187,21 +229,39 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     receive is a plain one (a partial sum lands in scratch and a local step adds it) and a rank has at most
     64 thread blocks.
 
+    `memo` (`LoweringMemo`) carries what one call computed to the next calls for the same algorithm, so that
+    lowering it again with another policy or `connection_blocks` builds, simulates and proves only what is
+    new; each call returns its own Program object.
+
     Raises `UserError` when the program cannot respect a runtime limit (the message names it) and
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     Progress (each policy lowered, the ranking, the proof) goes to `report`.
     """
+    program = _lower(algorithm, memo or LoweringMemo(), instances=instances, proto=proto, min_bytes=min_bytes,
+                     max_bytes=max_bytes, max_tbs=max_tbs, fuse=fuse, check=check, name=name, topology=topology,
+                     keep_schedule=keep_schedule, fusion=fusion, block_steps=block_steps,
+                     connection_blocks=connection_blocks, target=target, report=report)
+    # a memo's program may be another call's, under its name: a copy of it (the steps shared) is this call's
+    return program if memo is None else replace(program, name=name or algorithm.name)
+
+
+def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
+           topology, keep_schedule, fusion, block_steps, connection_blocks, target, report) -> Program:
+    """`lower`, its policies lowered, simulated and proven through `memo`."""
     if block_steps is None:
         block_steps = algorithm.block_steps  # the sketch's, if it gives one
+    lower_one = memo.lower_one
+    # one block a connection is what no `connection_blocks` builds: the same memo entries
     kw = dict(instances=instances, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes, max_tbs=max_tbs,
-              fuse=fuse, check=check, name=name, block_steps=block_steps, connection_blocks=connection_blocks)
+              fuse=fuse, check=check, name=name, block_steps=block_steps,
+              connection_blocks=None if connection_blocks == 1 else connection_blocks)
     runtime = get_target(target)
     if runtime.max_tbs is not None:
         kw["max_tbs"] = min(max_tbs, runtime.max_tbs)
     if not runtime.fused_steps:
         if fusion not in ("auto", "none") or keep_schedule is not None:
             raise UserError(f"target {target} runs no fused step: lower it with fusion 'none' (the default for it)")
-        return _lower_one(algorithm, **{**kw, "keep_schedule": True, "fuse": False, "fused_receives": False})[0]
+        return lower_one(algorithm, **{**kw, "keep_schedule": True, "fuse": False, "fused_receives": False})[0]
     if fusion != "auto":
         if fusion not in FUSION_POLICIES:
             raise UserError(f"unknown fusion policy {fusion!r}; expected one of {', '.join(FUSION_POLICIES)}")
@@ -210,9 +270,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
                             "topology with several nodes")
         if topology is not None:
             kw["flag_us"] = topology.spec.sync_us
-        return _lower_one(algorithm, **{**kw, **_fusion_policy(fusion, topology)})[0]
+        return lower_one(algorithm, **{**kw, **_fusion_policy(fusion, topology)})[0]
     if keep_schedule is not None or topology is None or not fuse:
-        return _lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
+        return lower_one(algorithm, keep_schedule=keep_schedule is not False, **kw)[0]
     kw["flag_us"] = topology.spec.sync_us
     # the candidates are lowered unchecked and proven once ranked, the chosen one first: the others are
     # simulated and dropped
@@ -230,7 +290,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     two_blocks = block_steps is None and connection_blocks is None and len(policies) > 1
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
     progress = report.progress("lowering", len(names) + two_blocks, "lowering policies", every_s=2.0)
-    first, converge, instances_kept = _lower_one(algorithm, keep_schedule=True, **kw)
+    first, converge, instances_kept = lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choices: retrying the other ways of landing converging reductions
     # would repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than
     # the schedule's (eager fusion pins more connections to a block) would give a program on fewer channels that
@@ -243,7 +303,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     def add(k):
         progress.update(k)
         try:
-            program = _lower_one(algorithm, **{**kw, **policies[k]})[0]
+            program = lower_one(algorithm, **{**kw, **policies[k]})[0]
         except UserError:
             return  # within the runtime's limits only with more fusion, or (fan-outs) nothing to fuse
         fingerprint = _fingerprint(program)
@@ -253,7 +313,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
 
     for k in range(1, len(policies)):
         add(k)
-    simulated = {}  # the rankings' simulations, by program
+    simulated = memo.simulated  # the rankings' simulations, by program
     if two_blocks:
         # the fastest policy again with each connection's transfers alternating between two blocks: more
         # blocks to hide flag waits, each with less bandwidth, so it must not lose at 4x the size either
@@ -275,7 +335,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
             if check and best not in proven:
                 report(f"lowering: proving the fastest (policy {names[best]!r}, "
                        f"{candidates[best].nsteps} steps)")
-            if not check or best in proven or verify_program(candidates[best]).ok:
+            if not check or best in proven or memo.proven(candidates[best]):
                 return candidates[best]
             retry = {best}
         # not proven (eager fusion that deadlocks with the runtime's FIFOs, say): lower those policies again
@@ -283,7 +343,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
         for k in retry:
             del candidates[k]
             try:
-                candidates[k] = _lower_one(algorithm, **{**kw, **policies[k], "check": True})[0]
+                candidates[k] = lower_one(algorithm, **{**kw, **policies[k], "check": True})[0]
                 proven.add(k)
             except (CheckFailed, UserError):
                 if not candidates:
