@@ -56,7 +56,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 
 from .errors import CheckFailed
-from .program import MAX_NODES, Buf, Program, Proto, StepType
+from .program import MAX_NODES, Buf, Program, Proto, StepType, step_type
 
 __all__ = [
     "Finding",
@@ -503,7 +503,7 @@ def _check_steps(ctx: _Ctx, g, tb, tb_ids, coll) -> None:
     n = len(tb.steps)
     for i, st in enumerate(tb.steps):
         loc = dict(rank=r, tb=tb.id, step=i, line=st.line)
-        t = StepType(st.type)
+        t = step_type(st.type)
         if st.s != i:
             add(ERROR, "step.index", f"s={st.s} but this is step {i} of the tb: the runtimes count steps in "
                                      f"document order, so s must be 0,1,2,...", **loc)

@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .errors import CheckFailed, UserError
-from .program import Program, Proto, StepType
+from .program import Program, Proto, StepType, step_type
 from .topology import DEFAULT_ALPHA_FACTOR, DEFAULT_BW_FACTOR, ProtoCost, lane_capacity
 
 __all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TIE_TOLERANCE", "TILE_BYTES",
@@ -192,7 +192,7 @@ class Simulator:
             cap = largest[r]
             ns = nr = 0
             for i, st in enumerate(tb.steps):
-                t = StepType(st.type)
+                t = step_type(st.type)
                 k = 0
                 if t.is_send_type:
                     k |= _SEND
@@ -713,14 +713,14 @@ def _local_costs(steps) -> list:
     publishes nothing) adds one read, 0.5."""
     out = []
     for i, st in enumerate(steps):
-        t = StepType(st.type)
+        t = step_type(st.type)
         if t in (StepType.COPY, StepType.RECV):
             out.append(1.0)
         elif t is StepType.RECV_REDUCE_COPY:
             out.append(1.5)
         elif t is StepType.REDUCE:
             prev = steps[i - 1] if i else None
-            fused = (prev is not None and StepType(prev.type) is StepType.REDUCE and prev.dstbuf == st.dstbuf
+            fused = (prev is not None and step_type(prev.type) is StepType.REDUCE and prev.dstbuf == st.dstbuf
                      and prev.dstoff == st.dstoff and prev.srcbuf == st.srcbuf and st.depid < 0 and not prev.hasdep)
             out.append(0.5 if fused else 1.5)
         else:

@@ -515,6 +515,16 @@ def _tag(name: str, pairs: list[tuple[str, object]], close: str) -> str:
     return "<" + name + "".join(f' {k}="{v}"' for k, v in pairs) + close
 
 
+# each enum's XML spellings by member (a str enum's member hashes and compares as its spelling, so the raw
+# spelling finds itself too): a dict lookup where Enum(x).value takes a microsecond, 10^5 times a program
+_SPELLINGS = {E: {m: m.value for m in E} for E in (StepType, Buf)}
+
+
+def _spelling(enum, x) -> str:
+    """`enum(x).value`, fast (anything not a member or its spelling: the enum's own error)."""
+    return _SPELLINGS[enum].get(x) or enum(x).value
+
+
 def program_to_xml(program: Program, *, dialect: str = "executor") -> str:
     """The program as MSCCL XML text in `dialect` (``executor`` or ``legacy``). Pure: no pruning, no nops."""
     if dialect not in DIALECTS:
@@ -566,8 +576,9 @@ def program_to_xml(program: Program, *, dialect: str = "executor") -> str:
             out.append(f'    <tb id="{int(tb.id)}" send="{int(tb.send)}" recv="{int(tb.recv)}" chan="{int(tb.chan)}">')
             for st in tb.steps:
                 out.append(
-                    f'      <step s="{int(st.s)}" type="{StepType(st.type).value}" srcbuf="{Buf(st.srcbuf).value}" '
-                    f'srcoff="{int(st.srcoff)}" dstbuf="{Buf(st.dstbuf).value}" dstoff="{int(st.dstoff)}" '
+                    f'      <step s="{int(st.s)}" type="{_spelling(StepType, st.type)}" '
+                    f'srcbuf="{_spelling(Buf, st.srcbuf)}" srcoff="{int(st.srcoff)}" '
+                    f'dstbuf="{_spelling(Buf, st.dstbuf)}" dstoff="{int(st.dstoff)}" '
                     f'cnt="{int(st.cnt)}" depid="{int(st.depid)}" deps="{int(st.deps)}" '
                     f'hasdep="{int(bool(st.hasdep))}"/>'
                 )
