@@ -35,10 +35,11 @@ from taccl.baselines import BASELINES, applicable, build  # noqa: E402
 from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, target_shortfall  # noqa: E402
 from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
-from taccl.lowering import lower, max_tbs_of  # noqa: E402
+from taccl.lowering import LoweringMemo, lower, max_tbs_of  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
 from taccl.topology import PROTOCOLS  # noqa: E402
 from taccl.units import format_size, parse_size, parse_size_range  # noqa: E402
+from taccl.xmlio import program_to_xml  # noqa: E402
 
 
 def run_instance(label, sketch, coll, size, args, nodes=None):
@@ -76,10 +77,19 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                     algo = synthesize(sk_at, nodes=topo.nodes, collective=collective.name, input_size=at,
                                       options=SynthesisOptions(time_limit_s=args.time_limit, threads=1,
                                                                proto=proto, instances=inst))
+                    # as a SKU's batch: each policy, and "auto" also with one block a connection (where it put
+                    # connections on two, the program it replaced can win further up)
+                    memo, seen = LoweringMemo(), set()
                     for fusion in fusions:
-                        sim = Simulator(lower(algo, max_tbs=max_tbs, topology=topo, fusion=fusion), topo)
-                        variant = name + ("" if fusion == "auto" else f"+{fusion}")
-                        syn[variant] = [sim.run(s).time_us for s in sizes]
+                        for suffix, blocks in [("", None)] + ([("+one-block", 1)] if fusion == "auto" else []):
+                            program = lower(algo, max_tbs=max_tbs, topology=topo, fusion=fusion,
+                                            connection_blocks=blocks, memo=memo)
+                            if program_to_xml(program) in seen:
+                                continue
+                            seen.add(program_to_xml(program))
+                            sim = Simulator(program, topo)
+                            variant = name + ("" if fusion == "auto" else f"+{fusion}") + suffix
+                            syn[variant] = [sim.run(s).time_us for s in sizes]
                 except TacclError as exc:
                     notes.append(f"{name}: {str(exc).splitlines()[0][:80]}")
     t_syn = time.monotonic() - t0
@@ -97,7 +107,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                 base[f"{name}/{proto}.i{inst}"] = [sim.run(s).time_us for s in sizes]
     print(f"\n## {label}: {collective.name} on {topo.name} x{topo.nodes} ({topo.num_ranks} ranks); "
           f"{len(syn)} synthesized variants in {t_syn:.1f} s" + (f"; failed: {'; '.join(notes)}" if notes else ""))
-    print(f"{'size':>8} {'synth us':>10} {'variant':>34} {'base us':>10} {'baseline':>26} {'speedup':>7} "
+    print(f"{'size':>8} {'synth us':>10} {'variant':>44} {'base us':>10} {'baseline':>26} {'speedup':>7} "
           f"{'optimum':>10} {'x opt':>6}  target")
     met = total = 0
     for k, s in enumerate(sizes):
@@ -108,7 +118,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
         ok = target_shortfall(bs[1][k] if bs else None, bb[1][k] if bb else None, opt) is None
         met += ok
         total += 1
-        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>34} "
+        print(f"{format_size(s):>8} {bs[1][k] if bs else float('nan'):10.1f} {bs[0] if bs else '-':>44} "
               f"{bb[1][k] if bb else float('nan'):10.1f} {bb[0] if bb else '-':>26} "
               f"{bb[1][k] / bs[1][k] if bb and bs else float('nan'):7.2f} {opt:10.1f} "
               f"{bs[1][k] / opt if bs else float('nan'):6.2f}  {'yes' if ok else 'NO'}")
