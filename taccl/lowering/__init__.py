@@ -204,11 +204,11 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     at a size 1024 times smaller (at least 1 KiB), then the schedule's. Where neither `block_steps` nor
     `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`) are lowered again with each
     connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
-    the fastest where it is faster and loses less against it at 4x the size than it gains at the size. The candidates are lowered unchecked and only the one returned is proven
-    (on 16 nodes a proof takes seconds); a policy whose program fails the proof or deadlocks in simulation is
-    lowered again proving each fusion mode (falling back to the next mode) and the candidates are ranked
-    again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is
-    the only one lowered.
+    the fastest where it is faster and loses less against it at 4x the size than it gains at the size. The
+    candidates are lowered unchecked and only the one returned is proven (on 16 nodes a proof takes
+    seconds); a policy whose program fails the proof or deadlocks in simulation is lowered again proving each
+    fusion mode (falling back to the next mode) and the candidates are ranked again. Without a topology, or
+    above `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is the only one lowered.
 
     `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
     "eager" (False), "none" (fuse=False) or "network" (eager plus the fan-outs whose send leaves the node;
@@ -325,19 +325,21 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         # six instances at 1 MiB, unfused 41.9 us and 39.4 on two blocks, the schedule's fusion 47.1 and 35.9
         size = algorithm.input_size_bytes
         best, _ = _ranked(candidates, topology, size, simulated)
-        times = {key: [_simulated_us(p, topology, n, simulated) for n in (size, 4 * size)]
-                 for key, p in candidates.items()}
-        others = sorted((key for key in candidates if key != best and math.isfinite(times[key][0])),
-                        key=lambda key: (times[key][0], key))
+
+        def times(key):  # at the size and at 4x it
+            return [_simulated_us(candidates[key], topology, n, simulated) for n in (size, 4 * size)]
+
+        at_size = {key: _simulated_us(p, topology, size, simulated) for key, p in candidates.items()}
+        others = sorted((key for key in candidates if key != best and math.isfinite(at_size[key])),
+                        key=lambda key: (at_size[key], key))
         for base in [best] + others[:TWO_BLOCKS_POLICIES - 1]:
             names.append(f"{names[base]}, two blocks a connection")
             policies.append({**policies[base], "connection_blocks": CONNECTION_BLOCKS})
             k = len(policies) - 1
             add(k)
             if k in candidates:
-                two = [_simulated_us(candidates[k], topology, n, simulated) for n in (size, 4 * size)]
-                gain, loss = 1 - two[0] / times[best][0], two[1] / times[best][1] - 1
-                if not math.isfinite(two[0] + two[1]) or loss > max(0.0, gain):
+                (one_at, one_above), (two_at, two_above) = times(best), times(k)
+                if not math.isfinite(two_at + two_above) or two_above / one_above - 1 > max(0.0, 1 - two_at / one_at):
                     del candidates[k]
     proven = set()  # policies lowered again with each fusion mode proven
     while True:
