@@ -204,11 +204,12 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     at a size 1024 times smaller (at least 1 KiB), then the schedule's. Where neither `block_steps` nor
     `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`) are lowered again with each
     connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
-    the fastest where it is faster and loses less against it at 4x the size than it gains at the size. The
-    candidates are lowered unchecked and only the one returned is proven (on 16 nodes a proof takes
-    seconds); a policy whose program fails the proof or deadlocks in simulation is lowered again proving each
-    fusion mode (falling back to the next mode) and the candidates are ranked again. Without a topology, or
-    above `AUTO_POLICIES_MAX_TRANSFERS` transfers, the schedule's fusion is the only one lowered.
+    the fastest where it is faster and loses less against it at 4x the size than it gains at the size (a
+    loss within `TIE_TOLERANCE` is none: the ranking breaks the tie). The candidates are lowered unchecked
+    and only the one returned is proven (on 16 nodes a proof takes seconds); a policy whose program fails the
+    proof or deadlocks in simulation is lowered again proving each fusion mode (falling back to the next
+    mode) and the candidates are ranked again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS`
+    transfers, the schedule's fusion is the only one lowered.
 
     `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
     "eager" (False), "none" (fuse=False) or "network" (eager plus the fan-outs whose send leaves the node;
@@ -323,6 +324,8 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         # blocks to hide flag waits, each with less bandwidth, so such a program must not lose more against the
         # fastest at 4x the size than it gains at the size. Not only the fastest's: 1x NDv2 AllToAll, Simple on
         # six instances at 1 MiB, unfused 41.9 us and 39.4 on two blocks, the schedule's fusion 47.1 and 35.9
+        from ..simulator import TIE_TOLERANCE
+
         size = algorithm.input_size_bytes
         best, _ = _ranked(candidates, topology, size, simulated)
 
@@ -339,7 +342,9 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
             add(k)
             if k in candidates:
                 (one_at, one_above), (two_at, two_above) = times(best), times(k)
-                if not math.isfinite(two_at + two_above) or two_above / one_above - 1 > max(0.0, 1 - two_at / one_at):
+                gain, loss = 1 - two_at / one_at, two_above / one_above - 1
+                # (a loss within a tie is none: the ranking below breaks ties as for the other policies)
+                if not math.isfinite(two_at + two_above) or loss > max(TIE_TOLERANCE, gain):
                     del candidates[k]
     proven = set()  # policies lowered again with each fusion mode proven
     while True:
