@@ -84,9 +84,10 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                         for suffix, blocks in [("", None)] + ([("+one-block", 1)] if fusion == "auto" else []):
                             program = lower(algo, max_tbs=max_tbs, topology=topo, fusion=fusion,
                                             connection_blocks=blocks, memo=memo)
-                            if program_to_xml(program) in seen:
+                            text = program_to_xml(program)
+                            if text in seen:
                                 continue
-                            seen.add(program_to_xml(program))
+                            seen.add(text)
                             sim = Simulator(program, topo)
                             variant = name + ("" if fusion == "auto" else f"+{fusion}") + suffix
                             syn[variant] = [sim.run(s).time_us for s in sizes]

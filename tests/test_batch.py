@@ -358,8 +358,8 @@ def test_a_fusion_variant_lowers_each_synthesis_once_more(tmp_path):
 
 
 def test_auto_competes_with_one_block_a_connection_too_and_a_program_twice_is_simulated_once(tmp_path, monkeypatch):
-    # "auto" may put each connection on two blocks where that wins at the synthesis size and 4x it, and lose
-    # further up, where a window may still serve: its one-block program competes too. 2x NDv2 AllGather at
+    # "auto" may put each connection on two blocks where that wins at the synthesis size, and lose further up,
+    # where a window may still serve: its one-block program competes too. 2x NDv2 AllGather at
     # 1 MiB: in Simple auto takes two blocks (a program of its own), in LL it keeps one (the same program,
     # lowered once through the memo, simulated once)
     import taccl.batch.jobs as jobs

@@ -35,8 +35,8 @@ from .sku import Sku
 CACHE_FORMAT = 1
 # the label suffix of a synthesis lowered by "auto" with each connection on one thread block
 # (`lower(connection_blocks=1)`): "auto" spreads connections over two blocks where that is faster at the input
-# size and at 4x it, and the spread program can lose further up (2x DGX H100 AllReduce synthesized at 64 KiB:
-# faster at 64 and 256 KiB, 2.9% slower at 1 MiB), where the batch's windows may still run it
+# size and loses less at 4x it, and the spread program can lose further up (2x DGX H100 AllReduce synthesized
+# at 64 KiB: faster at 64 and 256 KiB, 2.9% slower at 1 MiB), where the batch's windows may still run it
 _ONE_BLOCK = "+one-block"
 # `plan` traces each baseline to see that the topology has its links (a 128-rank ring AllReduce: 260 k
 # operations, 3 s); past this many its task finds out instead (a 512-rank ring: 2 M, tens of seconds and GBs)
