@@ -346,12 +346,11 @@ def execute(task: Task, emit) -> None:
                 emit(failure(prog.sim_key, "simulation", xml["reason"] if xml else "no program", label=prog.label))
                 continue
             content = _unnamed_digest(xml["xml"])
-            same = simulated.get(content)
-            if same is not None and same["status"] == "ok":
-                sim = {**same, "key": prog.sim_key, "label": prog.label, "time_s": 0.0}
+            if content in simulated:  # (its result, times or failure, is the other program's)
+                emit({**simulated[content], "key": prog.sim_key, "label": prog.label, "time_s": 0.0})
             else:
-                sim = simulated[content] = _simulate(task, prog, xml, topo, program)
-            emit(sim)
+                simulated[content] = _simulate(task, prog, xml, topo, program)
+                emit(simulated[content])
 
 
 def _synthesize(task: Task) -> dict:
