@@ -538,10 +538,11 @@ def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
     from taccl.synthesize import SynthesisOptions, synthesize
 
     root = Path(__file__).resolve().parent.parent
-    # (routing stops on its stall, after about 6 s of solver work: a wall-clock limit of 20 s cut it short
-    # on a loaded machine, where another incumbent lowered eagerly does not deadlock)
+    # (routing ends on a 1 s stall of solver work, not on the wall clock: the incumbent whose eager lowering
+    # deadlocks, on an idle machine as on a loaded one; the default 3 s stall found another on an idle one)
     algo = synthesize(load_sketch(root / "sketches" / "dgx-h100-rail.json"), collective="allreduce",
-                      input_size="16MiB", options=SynthesisOptions(time_limit_s=60, proto="Simple", instances=4))
+                      input_size="16MiB",
+                      options=SynthesisOptions(time_limit_s=20, stall_s=1, proto="Simple", instances=4))
     topo = algo.load_topology()
     eager = _lower_policy(algo, max_tbs=132, check=False, keep_schedule=False, flag_us=topo.spec.sync_us,
                           converges=("aside",))[0]
