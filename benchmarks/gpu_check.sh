@@ -18,8 +18,9 @@
 # off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device buffers with the
 # backend's state kept and rebuilt (benchmarks/runtime_calls.py); LL128=1 sweeps the LL128 programs with the
 # LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default until this passes) and benches the FILES of
-# LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; SMALL_S, MEDIUM_S,
-# LARGE_S, BENCH_S are the stages' time limits in seconds.
+# LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; LATENCY=1 takes a small call's
+# time apart (benchmarks/runtime_latency.py); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S are the
+# stages' time limits in seconds.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
 mkdir -p "$OUT"
@@ -123,6 +124,43 @@ with trt.Runtime(backend="cuda") as rt:
     print(f"host pointer as a device buffer: status {st} outcome {res.outcome}: {rt._error()}")
 PY
 cat "$OUT/device-buffers.txt" | tee -a "$OUT/summary.txt"
+
+# The kept state freed once cuda_cache is turned off (device memory back to where it was before the handle's
+# first call), and a live swap of the handle's program set between two calls.
+log "cuda_cache off frees the kept state; live swap"
+timeout 60 python3 - > "$OUT/cache-swap.txt" 2>&1 <<'PY'
+import glob
+import cupy as cp
+from taccl import runtime as trt
+free = lambda: cp.cuda.runtime.memGetInfo()[0] >> 20
+first, second = (sorted(glob.glob(f"gpu-inputs/baselines/{n}"))[0] for n in
+                 ("ring-allgather-n1-LL.xml", "ring-allgather-n1-Simple-i8.xml"))
+with trt.Runtime(backend="cuda") as rt:
+    before = free()
+    idx = rt.load(first)
+    inputs = trt.make_inputs("allgather", "float32", "sum", 8, 1 << 20, seed=5)
+    out = rt.run_raw("allgather", "float32", "sum", inputs, program=idx)
+    kept = free()
+    rt._option("cuda_cache", 0)
+    rt.run_raw("allgather", "float32", "sum", inputs, program=idx)
+    after = free()
+    print(f"free device memory: {before} MiB before, {kept} MiB with the state kept, {after} MiB after a call "
+          f"with cuda_cache off ({'freed' if before - after <= 8 else 'NOT freed'})")
+    rt._option("cuda_cache", 1)
+    rt.swap([second])
+    out2 = rt.run_raw("allgather", "float32", "sum", inputs)
+    ref = trt.reference("allgather", "float32", "sum", inputs)
+    print(f"live swap: call {out.call} on generation {out.generation}, call {out2.call} on generation "
+          f"{out2.generation}, status {out2.status}, wrong elements {trt.count_wrong(out2.outputs, ref, 'float32')[0]}")
+PY
+cat "$OUT/cache-swap.txt" | tee -a "$OUT/summary.txt"
+
+if [ -n "${LATENCY:-}" ]; then
+  log "latency: rings of 2-16 ranks at 1 KiB, a call's cost and a hop's (benchmarks/runtime_latency.py)"
+  timeout "${LATENCY_S:-150}" python3 benchmarks/runtime_latency.py --backend cuda > "$OUT/latency.txt" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  cat "$OUT/latency.txt" | tee -a "$OUT/summary.txt"
+fi
 
 if [ -n "${LARGE:-}" ]; then
   log "sweep: 256 MiB, 1 GiB float32 on $LARGE"

@@ -99,6 +99,13 @@ const char* tacclLastError(const tacclRuntime* h);
  *   "direct"       1 (default): a send writes straight into its receiver's buffer where the load-time analysis
  *                  proved it safe (not with the CUDA backend's LL lines); 0: every transfer through the FIFO
  *                  (env TACCL_RUNTIME_DIRECT)
+ *   "cuda_hold"    1 (default): each GPU's stream is held by a spin kernel until the call's launches are all
+ *                  queued, so the reported time is the GPU's (dispatch and kernel), as nccl-tests' back-to-back
+ *                  calls measure it; 0: the events also time the host's submission of the launch (env
+ *                  TACCL_RUNTIME_HOLD; never with CUDA_LAUNCH_BLOCKING=1)
+ *   "cuda_cooperative" 1 (default): cooperative launch, which guarantees every block is co-resident; 0: a
+ *                  plain launch, co-residency checked by occupancy only, as NCCL launches (another kernel
+ *                  holding SMs can then stall the call until the watchdog; env TACCL_RUNTIME_COOPERATIVE)
  *   "cuda_devices" number of GPUs to spread ranks over, 0 = all visible (ranks map to GPU rank % n) */
 tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value);
 

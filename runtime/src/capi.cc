@@ -91,6 +91,10 @@ tacclStatus tacclSetOption(tacclRuntime* h, const char* name, int64_t value) {
       h->rt.run.ll128 = value != 0;
     } else if (n == "direct") {
       h->rt.run.direct = value != 0;
+    } else if (n == "cuda_hold") {
+      h->rt.run.hold = value != 0;
+    } else if (n == "cuda_cooperative") {
+      h->rt.run.cooperative = value != 0;
     } else if (n == "cuda_devices") {
       if (value < 0) return setError(h, "cuda_devices must be >= 0");
       h->rt.run.cudaDevices = (int)value;

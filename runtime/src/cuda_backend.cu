@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <memory>
@@ -388,6 +389,24 @@ __global__ void __launch_bounds__(kMaxThreads, 2) interpreterKernel(LaunchArgs a
   Interpreter<DeviceBackend, T, Op<T>>::runTb(be, a, g);
 }
 
+// Holds its stream until the host has queued the whole call (release set) or the limit passed, so that the
+// call's events time the GPU's work rather than the host's submission of the launch (nvbandwidth's method;
+// nccl-tests' back-to-back calls hide the submission the same way).
+__global__ void holdKernel(const volatile int* release, unsigned long long limitNs) {
+  const unsigned long long t0 = globalTimer();
+  while (!*release && globalTimer() - t0 < limitNs) {
+  }
+}
+
+// A launch that blocks until its kernel ends would wait for the hold's release, set only after every launch.
+bool launchesBlock() {
+  static const bool blocking = [] {
+    const char* t = std::getenv("CUDA_LAUNCH_BLOCKING");
+    return t && std::atoi(t) != 0;
+  }();
+  return blocking;
+}
+
 using KernelFn = void (*)(LaunchArgs, DevCtl);
 
 template <class T, template <class> class Op>
@@ -490,6 +509,7 @@ struct PerDev {
   int grid = 0, threads = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
+  const int* hold = nullptr;  // device view of CudaState::holdRelease
   cudaError_t launch = cudaSuccess;
   char* counters = nullptr;   // flags, progress, and the FIFO heads and tails that live here: zeroed per call
   size_t counterBytes = 0;
@@ -516,6 +536,7 @@ struct CudaState {
   std::vector<PerDev> per;
   std::vector<int> active;  // devices with blocks
   int* abortFlag = nullptr;
+  int* holdRelease = nullptr;     // host-mapped: set once every GPU's launch of a call is queued
   WaitInfo* waits = nullptr;
   int* waitActive = nullptr;
   std::vector<char*> scratch;     // per rank, device
@@ -624,6 +645,7 @@ std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape
   if (lines && S.callsPerRun >= 0xffffffffull)
     throw CudaFailure("an LL run of " + std::to_string(S.callsPerRun) + " calls on one connection overflows its 32-bit line flags");
   S.abortFlag = (int*)al.mapped(sizeof(int));
+  S.holdRelease = (int*)al.mapped(sizeof(int));
   S.waits = (WaitInfo*)al.mapped(sizeof(WaitInfo) * (ntbs ? ntbs : 1));
   S.waitActive = (int*)al.mapped(sizeof(int) * (ntbs ? ntbs : 1));
   for (int d = 0; d < S.ndev; ++d) {
@@ -669,6 +691,7 @@ std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape
     ck(cudaHostGetDevicePointer((void**)&ctl.waits, S.waits, 0), "cudaHostGetDevicePointer");
     ck(cudaHostGetDevicePointer((void**)&ctl.waitActive, S.waitActive, 0), "cudaHostGetDevicePointer");
     ctl.abort = dAbort;
+    ck(cudaHostGetDevicePointer((void**)&pd.hold, S.holdRelease, 0), "cudaHostGetDevicePointer");
     ctl.blockMap = toDevice(al, d, map);
     ctl.progress = (unsigned long long*)((uint64_t*)pd.counters + (size_t)ntbs * kCounterStride);
     ctl.timeoutNs = (unsigned long long)opt.timeoutMs * 1000000ull;
@@ -738,13 +761,21 @@ RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& u
   // that blocks until its kernel ends (CUDA_LAUNCH_BLOCKING=1, a serialising tool) must not hold back
   // the next GPU's launch. A failed launch sets the abort flag, so the kernels already running stop at
   // their next wait instead of spinning until the watchdog.
+  const bool hold = opt.hold && !launchesBlock();
+  *(volatile int*)S.holdRelease = 0;
   auto launch = [&](int d) {
     PerDev& pd = S.per[d];
     void* args[] = {&pd.a, &pd.ctl};
     cudaError_t e = cudaSetDevice(d);
+    if (e == cudaSuccess && hold) {
+      holdKernel<<<1, 1, 0, pd.stream>>>(pd.hold, (unsigned long long)opt.timeoutMs * 1000000ull);
+      e = cudaGetLastError();
+    }
     if (e == cudaSuccess) e = cudaEventRecord(pd.start, pd.stream);
     if (e == cudaSuccess)
-      e = cudaLaunchCooperativeKernel((const void*)S.kernel, dim3(pd.grid), dim3(pd.threads), args, 0, pd.stream);
+      e = opt.cooperative
+              ? cudaLaunchCooperativeKernel((const void*)S.kernel, dim3(pd.grid), dim3(pd.threads), args, 0, pd.stream)
+              : cudaLaunchKernel((const void*)S.kernel, dim3(pd.grid), dim3(pd.threads), args, 0, pd.stream);
     if (e == cudaSuccess) e = cudaEventRecord(pd.stop, pd.stream);
     if (e != cudaSuccess) {
       pd.launch = e;
@@ -758,6 +789,7 @@ RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& u
     for (int d : S.active) launchers.emplace_back(launch, d);
     for (auto& t : launchers) t.join();
   }
+  *(volatile int*)S.holdRelease = 1;  // every launch is queued (or failed): the GPUs start
   // The call's time: the longest kernel, timed by CUDA events on its GPU.
   rep.elapsedUs = 0;
   std::string failure;

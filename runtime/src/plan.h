@@ -49,6 +49,10 @@ struct RunOptions {
   bool direct = true;  // run the loader's direct transfers (Step::direct)
   bool ll128 = false;  // CUDA: LL128 programs run NCCL's LL128 line protocol (else the Simple path with
                        // LL128's tiles); off until a GPU sweep has proven it
+  bool hold = true;    // CUDA: each GPU's stream waits in a spin kernel until every launch of the call is
+                       // queued, so the call's events time the GPU's work, not the host's submission
+  bool cooperative = true;  // CUDA: cooperative launch (co-residency guaranteed); false: a plain launch
+                            // (co-residency only checked by occupancy, as NCCL launches)
 };
 
 enum class Outcome { Done = 0, NoMatch = 1, Deadlock = 2, Failed = 3 };

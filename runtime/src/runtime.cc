@@ -18,6 +18,8 @@ Runtime::Runtime() : set_(std::make_shared<ProgramSet>()) {
   }
   if (const char* t = std::getenv("TACCL_RUNTIME_DIRECT")) run.direct = std::atoi(t) != 0;
   if (const char* t = std::getenv("TACCL_RUNTIME_LL128")) run.ll128 = std::atoi(t) != 0;
+  if (const char* t = std::getenv("TACCL_RUNTIME_HOLD")) run.hold = std::atoi(t) != 0;
+  if (const char* t = std::getenv("TACCL_RUNTIME_COOPERATIVE")) run.cooperative = std::atoi(t) != 0;
   if (const char* t = std::getenv("TACCL_RUNTIME_TILE_BYTES")) {
     long long v = std::atoll(t);
     if (v > 0) tileBytes = v;
