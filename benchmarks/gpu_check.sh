@@ -78,7 +78,7 @@ fi
 if [ -n "${LL128:-}" ]; then
   log "LL128 line protocol: sweep of the LL128 programs with it on"
   mapfile -t ll128 < <(grep -l 'proto="LL128"' $(for d in "${DIRS[@]}"; do echo "$d"/*.xml; done) 2>/dev/null)
-  TACCL_RUNTIME_LL128=1 sweep sweep-ll128 "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB,16MiB --dtypes float32,bfloat16 \
+  TACCL_RUNTIME_LL128=1 sweep sweep-ll128 "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB --dtypes float32,bfloat16 \
     --iters 2 "${ll128[@]}"
   for f in ${LL128_BENCH:-}; do
     for on in 0 1; do

@@ -94,8 +94,9 @@ const char* tacclLastError(const tacclRuntime* h);
  *   "cuda_cache"   1 (default): the CUDA backend keeps its device tables, FIFOs, scratch and streams between
  *                  calls of the same shape (up to 8 shapes); 0: allocate and release them in every call
  *   "ll128"        CUDA backend: 1 runs LL128 programs with NCCL's LL128 line protocol (128-byte lines of 120
- *                  payload bytes and a flag, no fence); 0 (default, until a GPU sweep has proven it): the
- *                  Simple path with LL128's tiles (env TACCL_RUNTIME_LL128)
+ *                  payload bytes and a flag, no fence): a few us less a call up to a few KiB a connection,
+ *                  a quarter of the Simple path's bandwidth per block; 0 (default): the Simple path with
+ *                  LL128's tiles (env TACCL_RUNTIME_LL128)
  *   "direct"       1 (default): a send writes straight into its receiver's buffer where the load-time analysis
  *                  proved it safe (not with the CUDA backend's LL lines); 0: every transfer through the FIFO
  *                  (env TACCL_RUNTIME_DIRECT)

@@ -48,7 +48,7 @@ struct RunOptions {
   int cudaDevices = 0;
   bool direct = true;  // run the loader's direct transfers (Step::direct)
   bool ll128 = false;  // CUDA: LL128 programs run NCCL's LL128 line protocol (else the Simple path with
-                       // LL128's tiles); off until a GPU sweep has proven it
+                       // LL128's tiles); off: its blocks move a quarter of the Simple path's bytes
   bool hold = true;    // CUDA: each GPU's stream waits in a spin kernel until every launch of the call is
                        // queued, so the call's events time the GPU's work, not the host's submission
   bool cooperative = true;  // CUDA: cooperative launch (co-residency guaranteed); false: a plain launch
