@@ -213,6 +213,31 @@ def test_runtime_sweep_checks_every_case(tmp_path):
     assert bad.returncode == 2 and "unknown dtype" in bad.stderr
 
 
+def test_runtime_latency_takes_a_call_apart_into_its_cost_and_hops(tmp_path):
+    """benchmarks/runtime_latency.py (run on a lent GPU) on the host backend: one ring AllGather a rank count
+    and protocol, each checked once and timed per mode, a call cost and a hop from the line through them; the
+    CUDA timing options are accepted by any handle, and an unknown mode is refused."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime_latency.py"), "--backend", "host",
+                        "--ranks", "2,4", "--protos", "LL,LL128", "--modes", "hold,no-hold,ll128-lines",
+                        "--calls", "2", "--warmup", "0", "--keep", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[2:]]
+    assert [row[:2] for row in rows] == [["LL", "hold"], ["LL", "no-hold"], ["LL128", "hold"], ["LL128", "no-hold"],
+                                         ["LL128", "ll128-lines"]]  # lines only for LL128 programs
+    assert all(len(row) == 6 and float(row[2]) > 0 for row in rows)
+    assert {p.name for p in tmp_path.iterdir()} == {f"ring-allgather-{n}r-{p}.xml" for p in ("LL", "LL128")
+                                                     for n in (2, 4)}
+    with rt_mod().Runtime() as rt:
+        for name in ("cuda_hold", "cuda_cooperative"):
+            rt._option(name, 0)
+        with pytest.raises(UserError):
+            rt._option("cuda_holds", 1)
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime_latency.py"), "--modes", "fast"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown mode" in bad.stderr
+
+
 @pytest.mark.parametrize("inplace,outofplace,o_chunks,input_only,accepted", [
     # an in-place AllReduce that names only its input buffer: the executor ignores o_chunks (legacy wants 0 or 8)
     ("1", "0", "3", True, True),
