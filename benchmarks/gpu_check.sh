@@ -17,7 +17,7 @@
 # BENCH="FILES" runs taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) with direct transfers on and
 # off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device buffers with the
 # backend's state kept and rebuilt (benchmarks/runtime_calls.py); LL128=1 sweeps the LL128 programs with the
-# LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default until this passes) and benches the FILES of
+# LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default) and benches the FILES of
 # LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; LATENCY=1 takes a small call's
 # time apart (benchmarks/runtime_latency.py); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S are the
 # stages' time limits in seconds.
