@@ -281,10 +281,12 @@ struct DeviceBackend {
 
   // LL128 (NCCL's layout): a 128-byte line is 15 payload words and a flag word, written by 8 consecutive
   // threads of a warp with one 16-byte store each (thread j holds words 2j and 2j+1, thread 7 the flag).
-  // Stores of one warp instruction to one 128-byte line reach memory together, so a reader that sees the
-  // flag sees the payload: no fence, no head counter. That holds only for one instruction: the warp is
+  // Stores of one warp instruction to one 128-byte line reach memory together, so once a reader has seen
+  // the flag it reads the payload: no fence, no head counter. That needs one store instruction: the warp is
   // made converged before its stores (the partial words before them diverge), else the flag's thread could
-  // store ahead of the payload's (a GPU sweep caught that). A warp takes 4 lines a round, kLines128Unroll
+  // store ahead of the payload's (a GPU sweep caught that). And the reader takes the payload from a second
+  // load after its flags matched (as NCCL does), not from the load that saw them: the lanes of one load may
+  // read the line's sectors at different moments of the write. A warp takes 4 lines a round, kLines128Unroll
   // rounds at once, all loaded before any is stored; the loop and its votes are warp-uniform (lanes without
   // a line vote too). One round: four on one H200 moved 10% more at 16-64 MiB but forwarded a ring's data
   // four times coarser (8-rank ring AllGather 1 KiB +5 us, one channel at 256 KiB +9 us).
@@ -316,17 +318,22 @@ struct DeviceBackend {
       if (aLines) {
         WaitClock clock;
         for (;;) {
-          bool stale = false;
+          bool stale = false;  // only the flag's lanes poll
 #pragma unroll
-          for (int u = 0; u < U; ++u) {
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (have[u]) v = loadPack((const uint4*)((const char*)a + k[u] * 128) + j);
-            x0[u] = (uint64_t)v.x | ((uint64_t)v.y << 32);
-            x1[u] = (uint64_t)v.z | ((uint64_t)v.w << 32);
-            stale |= have[u] && j == 7 && x1[u] != (uint64_t)inFlag;
-          }
+          for (int u = 0; u < U; ++u)
+            if (have[u] && j == 7) {
+              const uint4 v = loadPack((const uint4*)((const char*)a + k[u] * 128) + j);
+              stale |= ((uint64_t)v.z | ((uint64_t)v.w << 32)) != (uint64_t)inFlag;
+            }
           if (!__any_sync(kFull, stale)) break;
           if (__any_sync(kFull, !keepWaiting(clock, 0, w))) return false;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (!have[u]) continue;
+          const uint4 v = loadPack((const uint4*)((const char*)a + k[u] * 128) + j);
+          x0[u] = (uint64_t)v.x | ((uint64_t)v.y << 32);
+          x1[u] = (uint64_t)v.z | ((uint64_t)v.w << 32);
         }
       } else {
 #pragma unroll
