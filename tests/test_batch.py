@@ -1,6 +1,7 @@
 """`taccl batch`: a small SKU end to end, the cache, kill and resume, Ray, faults and bad SKU files."""
 import csv
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -152,6 +153,26 @@ def test_rerun_is_a_cache_hit(small, tmp_path):
     assert cache_files(copy) == before  # nothing rewritten
     assert rows(copy) == rows(out)
     assert all(j.cached for j in again.selection.jobs)
+
+
+def test_a_deployed_program_in_another_protocol_competes_again(small, tmp_path):
+    """A previous run's program whose steps repeat a fresh program's in another protocol (which only its <algo>
+    line says) simulates otherwise: it competes as the deployed program instead of being taken for the fresh
+    one."""
+    _, out = small
+    copy = tmp_path / "edited"
+    shutil.copytree(out, copy)
+    sel = json.loads((copy / "selection.json").read_text())
+    w = next(w for g in sel["groups"] for w in g["windows"] if w["kind"] == "synthesized" and w.get("file"))
+    path = copy / w["file"]
+    text = path.read_text()
+    proto = re.search(r' proto="([^"]*)"', text).group(1)
+    assert proto != "LL128"  # not a protocol of the small SKU: no fresh program is in it
+    path.write_text(text.replace(f' proto="{proto}"', ' proto="LL128"', 1))
+    run_batch(SMALL, copy, workers=1)
+    again = json.loads((copy / "selection.json").read_text())
+    group = next(g for g in again["groups"] if g["collective"] == w["collective"])
+    assert [c["proto"] for c in group["contenders"] if c["source"] == "deployed"] == ["LL128"]
 
 
 def test_prune_keeps_exactly_the_current_results(small, tmp_path):

@@ -228,8 +228,11 @@ def plan(sku: Sku) -> list:
 
 
 def _body_digest(xml: str) -> str:
-    """A program's digest without its <algo> line (name, window and call kinds are set when it is written)."""
-    return hashlib.sha256(xml.split("\n", 1)[-1].encode()).hexdigest()
+    """A program's digest without its <algo> line (name, window and call kinds are set when it is written) but
+    with its protocol, which that line holds too: the same steps in another protocol simulate otherwise."""
+    head, _, body = xml.partition("\n")
+    proto = re.search(r' proto="([^"]*)"', head)
+    return hashlib.sha256(f"{proto.group(1) if proto else ''}\n{body}".encode()).hexdigest()
 
 
 def _unnamed_digest(xml: str) -> str:
