@@ -11,15 +11,16 @@
 # ring|double-binary-tree|hierarchical -t dgx-h100 -n 1|2 --proto P [--instances N]`; gpu-inputs/ndv2 = the
 # msccl-algorithms/ that `taccl batch sketches/skus/ndv2.yaml` writes.
 #
-# Environment: PREBUILT=DIR takes libtaccl_runtime_cuda.so, taccl_bench_cuda, cuda_backend.o and
-# taccl-probe from DIR (built elsewhere from a clean tree with the same nvcc) instead of building here;
+# Environment: PREBUILT=DIR takes libtaccl_runtime_cuda.so, taccl_bench_cuda, cuda_backend.o,
+# taccl-probe and (when there) taccl_line_bw from DIR (built elsewhere from a clean tree with the same nvcc) instead of building here;
 # SWEEP=0 skips the sweeps; ITERS runs per case (default 2); LARGE="FILES" sweeps them at 256 MiB and 1 GiB;
 # BENCH="FILES" runs taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) with direct transfers on and
 # off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device buffers with the
 # backend's state kept and rebuilt (benchmarks/runtime_calls.py); LL128=1 sweeps the LL128 programs with the
 # LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default) and benches the FILES of
 # LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; LATENCY=1 takes a small call's
-# time apart (benchmarks/runtime_latency.py); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S are the
+# time apart (benchmarks/runtime_latency.py); LINEBW=1 times one connection's FIFO per protocol and line
+# variant without the interpreter (runtime/tools/line_bw.cu; LINEBW_ARGS adds options); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S are the
 # stages' time limits in seconds.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
@@ -49,11 +50,12 @@ if [ -n "${PREBUILT:-}" ]; then
   cp "$PREBUILT"/libtaccl_runtime_cuda.so "$PREBUILT"/taccl_bench_cuda runtime/build/ &&
     cp "$PREBUILT"/cuda_backend.o runtime/build/cuda/ && cp "$PREBUILT"/taccl-probe profiler/ ||
     { echo "missing prebuilt files"; exit 1; }
+  [ -f "$PREBUILT"/taccl_line_bw ] && cp "$PREBUILT"/taccl_line_bw runtime/build/
 else
   log build
   make -C runtime clean > /dev/null
   CUDA_ARCHS=${CUDA_ARCHS:-90} timeout 300 make -C runtime -j16 build/libtaccl_runtime_cuda.so \
-    build/taccl_bench_cuda > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    build/taccl_bench_cuda build/taccl_line_bw > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   make -C profiler NVCC="$(command -v nvcc)" > "$OUT/profiler-build.log" 2>&1
 fi
 
@@ -160,6 +162,13 @@ if [ -n "${LATENCY:-}" ]; then
   timeout "${LATENCY_S:-150}" python3 benchmarks/runtime_latency.py --backend cuda > "$OUT/latency.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   cat "$OUT/latency.txt" | tee -a "$OUT/summary.txt"
+fi
+
+if [ -n "${LINEBW:-}" ]; then
+  log "one connection's FIFO without the interpreter: protocols and line variants (taccl_line_bw)"
+  timeout "${LINEBW_S:-180}" runtime/build/taccl_line_bw ${LINEBW_ARGS:-} > "$OUT/line-bw.txt" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  sort -k10 -n -r "$OUT/line-bw.txt" | grep -v '^#' | head -5 | tee -a "$OUT/summary.txt"
 fi
 
 if [ -n "${LARGE:-}" ]; then

@@ -124,3 +124,31 @@ def test_cuda_kernel_code_moves_16_byte_packs_without_spills():
             assert code.count("LDG.E.128") >= 2 and code.count("STG.E.128") >= 2, (arch, name)
             checked += 1
     assert checked >= 2, sorted(kernels)[:5]  # float and float16 sum, for every architecture built
+
+
+def test_line_bandwidth_tool_builds_without_spills_and_runs_or_says_why_not():
+    """`taccl_line_bw` (runtime/tools/line_bw.cu): every variant's kernel without local memory (a spill would
+    time the stack, not the line code); bad options refused with exit 2; on a GPU a small run of each
+    protocol right (exit 0, no WRONG or HUNG row), without one exit 2 naming the reason."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if not nvcc:
+        pytest.skip("nvcc not found")
+    _make("build/taccl_line_bw")
+    tool = str(RT / "build" / "taccl_line_bw")
+    cuobjdump = _cuda_binutil("cuobjdump")
+    if cuobjdump:
+        res = subprocess.run([cuobjdump, "-res-usage", tool], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        usage = [line for line in res.stdout.splitlines() if "REG:" in line]
+        assert len(usage) >= 94, len(usage)  # 4 Simple, 36 LL, 54 LL128 variants, per architecture
+        assert all("STACK:0 " in u and "LOCAL:0 " in u for u in usage), [u for u in usage if "STACK:0 " not in u][:3]
+    r = subprocess.run([tool, "--threads", "100"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "multiple of 32" in r.stderr, r.stderr
+    r = subprocess.run([tool, "--bytes", str(1 << 20), "--unrolls", "1,4", "--iters", "1", "--runtime-only"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 2 and "no usable CUDA device" in r.stderr:
+        return  # no GPU here: the reason said, nothing run
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line for line in r.stdout.splitlines() if line and not line.startswith(("#", "proto"))]
+    assert {row.split()[0] for row in rows} == {"Simple", "LL", "LL128"}, rows
+    assert not any("WRONG" in row or "HUNG" in row for row in rows), rows
