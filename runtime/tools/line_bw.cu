@@ -11,8 +11,8 @@
 //           round 4 lines a warp, 16 at 4 as NCCL)
 //   store   the line stores' qualifier: volatile (the runtime's), relaxed.sys, weak (plain st.global)
 //   load    the polls' and source loads' qualifier: volatile (the runtime's), relaxed.sys, weak (ld.global.cg)
-//   reread  LL128: the payload taken from a second load once the flag lanes saw the flag (the runtime's) or
-//           from the load that saw it (NCCL's)
+//   reread  LL128: the payload taken from a second load once the flag lanes saw the flag (the runtime's, and
+//           recent NCCL's) or from the load that saw it (older NCCL's)
 //
 // and, on the options, the threads per block, the payload per call (slot), the slots per FIFO and the number
 // of connections (producer/consumer pairs) running at once. Every run checks the destination byte for byte:
@@ -201,7 +201,7 @@ __device__ __forceinline__ bool ll128Consume(const Args& a, const char* slot, ch
   for (long long base = (threadIdx.x / 32) * 4 * U; base < nlines; base += warps * 4 * U) {
     uint4 v[U];
     Spin s;
-    for (;;) {  // NCCL's reader: every lane loads, the flag lanes check; Reread: only the flag lanes poll
+    for (;;) {  // every lane loads, the flag lanes check; with Reread only the flag lanes poll (the runtime's)
       bool stale = false;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
