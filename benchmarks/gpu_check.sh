@@ -20,7 +20,8 @@
 # LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default) and benches the FILES of
 # LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; LATENCY=1 takes a small call's
 # time apart (benchmarks/runtime_latency.py); LINEBW=1 times one connection's FIFO per protocol and line
-# variant without the interpreter (runtime/tools/line_bw.cu; LINEBW_ARGS adds options); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S are the
+# variant without the interpreter, and one line's round trips (runtime/tools/line_bw.cu; LINEBW_ARGS adds
+# options to the first); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S are the
 # stages' time limits in seconds.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
@@ -169,6 +170,9 @@ if [ -n "${LINEBW:-}" ]; then
   timeout "${LINEBW_S:-180}" runtime/build/taccl_line_bw ${LINEBW_ARGS:-} > "$OUT/line-bw.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   sort -k10 -n -r "$OUT/line-bw.txt" | grep -v '^#' | head -5 | tee -a "$OUT/summary.txt"
+  timeout 60 runtime/build/taccl_line_bw --pingpong 10000 > "$OUT/line-latency.txt" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  sort -k5 -n "$OUT/line-latency.txt" | grep -v '^#' | head -5 | tee -a "$OUT/summary.txt"
 fi
 
 if [ -n "${LARGE:-}" ]; then

@@ -129,7 +129,8 @@ def test_cuda_kernel_code_moves_16_byte_packs_without_spills():
 def test_line_bandwidth_tool_builds_without_spills_and_runs_or_says_why_not():
     """`taccl_line_bw` (runtime/tools/line_bw.cu): every variant's kernel without local memory (a spill would
     time the stack, not the line code); bad options refused with exit 2; on a GPU a small run of each
-    protocol right (exit 0, no WRONG or HUNG row), without one exit 2 naming the reason."""
+    protocol right (exit 0, no WRONG or HUNG row) and a latency row each, without one exit 2 naming the
+    reason."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if not nvcc:
         pytest.skip("nvcc not found")
@@ -140,7 +141,7 @@ def test_line_bandwidth_tool_builds_without_spills_and_runs_or_says_why_not():
         res = subprocess.run([cuobjdump, "-res-usage", tool], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         usage = [line for line in res.stdout.splitlines() if "REG:" in line]
-        assert len(usage) >= 94, len(usage)  # 4 Simple, 36 LL, 54 LL128 variants, per architecture
+        assert len(usage) >= 122, len(usage)  # 4 Simple, 36 LL, 54 LL128 variants and 28 ping kernels, per architecture
         assert all("STACK:0 " in u and "LOCAL:0 " in u for u in usage), [u for u in usage if "STACK:0 " not in u][:3]
     r = subprocess.run([tool, "--threads", "100"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "multiple of 32" in r.stderr, r.stderr
@@ -152,3 +153,8 @@ def test_line_bandwidth_tool_builds_without_spills_and_runs_or_says_why_not():
     rows = [line for line in r.stdout.splitlines() if line and not line.startswith(("#", "proto"))]
     assert {row.split()[0] for row in rows} == {"Simple", "LL", "LL128"}, rows
     assert not any("WRONG" in row or "HUNG" in row for row in rows), rows
+    r = subprocess.run([tool, "--pingpong", "100", "--iters", "1", "--runtime-only"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith(("#", "proto"))]
+    assert [row[0] for row in rows] == ["Simple", "LL", "LL128"] and all(float(row[-1]) > 0 for row in rows), rows

@@ -17,8 +17,10 @@
 // and, on the options, the threads per block, the payload per call (slot), the slots per FIFO and the number
 // of connections (producer/consumer pairs) running at once. Every run checks the destination byte for byte:
 // a variant whose line protocol is wrong shows wrong bytes. Times are CUDA events around the launch, the
-// median of --iters runs after one warm-up. Exit status: 0, 1 when any run was wrong or hung, 2 on bad
-// options or without a usable GPU.
+// median of --iters runs after one warm-up. With --pingpong N it measures latency instead: two blocks bounce
+// one line N times per protocol and qualifiers, the floor under the runtime's 1.7 us LL hop (NCCL: 0.75 us
+// a hop over NVLink). Exit status: 0, 1 when any run was wrong or hung, 2 on bad options or without a usable
+// GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -291,17 +293,74 @@ __global__ void __launch_bounds__(kMaxThreads, 1) connectionKernel(Args a) {
   }
 }
 
+// Latency (--pingpong N): blocks 0 and 1, one warp each, bounce one line N times (block 0 pings, block 1
+// answers), each protocol's way: LL a 16-byte line from one lane; LL128 a 128-byte line from 8 lanes, its
+// flag lane polling (with Reread the payload loaded again after); Simple 16 bytes of data, a release fence and
+// a flag, the flag polled with acquire loads and the data read after. Block 0 times the N round trips.
+template <int P, int SQ, int LQ, bool Reread>
+__global__ void __launch_bounds__(32) pingKernel(Args a, int rounds) {
+  const int me = blockIdx.x, lane = threadIdx.x;
+  char* inbox = a.fifo + me * 256;
+  char* outbox = a.fifo + (1 - me) * 256;
+  unsigned long long* inFlag = a.ctl + 8 * me;
+  unsigned long long* outFlag = a.ctl + 8 * (1 - me);
+  uint4 got = make_uint4(0, 0, 0, 0);
+  const unsigned long long t0 = globalTimer();
+  for (int k = 0; k < rounds; ++k) {
+    const uint32_t flag = (uint32_t)k + 1;
+    for (int turn = 0; turn < 2; ++turn) {
+      if (turn == me) {  // send: what came in, with this round's flag
+        if (P == kLL && lane == 0) store16<SQ>(outbox, make_uint4(got.x, flag, got.z, flag));
+        if (P == kLL128 && lane < 8) {
+          __syncwarp(0xffu);
+          store16<SQ>(outbox + 16 * lane, lane == 7 ? make_uint4(got.x, got.y, flag, 0) : got);
+        }
+        if (P == kSimple && lane == 0) {
+          store16<kWeak>(outbox, got);
+          asm volatile("fence.acq_rel.sys;" ::: "memory");
+          storeRelaxed(outFlag, flag);
+        }
+      } else {  // receive
+        Spin sp;
+        bool ok = true;
+        if (P == kLL && lane == 0)
+          while (got = load16<LQ>(inbox), got.y != flag || got.w != flag)
+            if (!sp.keep(a)) { ok = false; break; }
+        if (P == kLL128 && lane < 8) {
+          for (;;) {
+            if (!Reread || lane == 7) got = load16<LQ>(inbox + 16 * lane);
+            if (!__any_sync(0xffu, lane == 7 && got.z != flag)) break;
+            if (__any_sync(0xffu, !sp.keep(a))) { ok = false; break; }
+          }
+          if (Reread) got = load16<LQ>(inbox + 16 * lane);
+        }
+        if (P == kSimple && lane == 0) {
+          while (loadAcquire(inFlag) < flag)
+            if (!sp.keep(a)) { ok = false; break; }
+          got = load16<kVolatile>(inbox);
+        }
+        if (!__any_sync(0xffffffffu, !ok)) continue;
+        return;
+      }
+    }
+  }
+  if (me == 0 && lane == 0) a.ctl[16] = globalTimer() - t0;
+}
+
 using KernelFn = void (*)(Args);
 
 struct Variant {
   int proto, u, store, load;
   bool reread;
   KernelFn fn;
+  void (*ping)(Args, int);  // the same protocol and qualifiers bouncing one line (U = 1 only)
 };
 
 template <int P, int U, int SQ, int LQ, bool R>
 void add(std::vector<Variant>& out) {
-  out.push_back({P, U, SQ, LQ, R, connectionKernel<P, U, SQ, LQ, R>});
+  void (*ping)(Args, int) = nullptr;
+  if constexpr (U == 1) ping = pingKernel<P, SQ, LQ, R>;
+  out.push_back({P, U, SQ, LQ, R, connectionKernel<P, U, SQ, LQ, R>, ping});
 }
 template <int P, int U, int SQ, int LQ>
 void addReread(std::vector<Variant>& out) {
@@ -355,6 +414,7 @@ struct Options {
   std::string unrolls = "1,2,4,8";
   bool runtimeOnly = false;  // only the runtime's qualifiers (volatile stores and loads, LL128 reread)
   double timeoutS = 2.0;
+  int pingpong = 0;  // > 0: round trips of one line per variant instead of bandwidth
 };
 
 // The runtime's payload per call (runtime/src/plan.cc, NCCL's buffer sizes) and FIFO depth.
@@ -379,11 +439,13 @@ void usage() {
   std::fprintf(stderr,
                "usage: taccl_line_bw [--bytes N] [--slot N] [--slots N] [--threads N] [--pairs N] [--iters N]\n"
                "                     [--protos Simple,LL,LL128] [--unrolls 1,2,4,8] [--runtime-only] [--timeout S]\n"
+               "                     [--pingpong N]\n"
                "  --bytes    payload per connection (default 64 MiB; rounded down to whole calls)\n"
                "  --slot     payload per call (default: the runtime's tile, Simple 2 MiB, LL 32 KiB, LL128 576000)\n"
                "  --slots    slots per FIFO (default: the runtime's, Simple 2, LL and LL128 8)\n"
                "  --pairs    connections at once, each a producer and a consumer block (default 1)\n"
-               "  --runtime-only  only the runtime's qualifiers (volatile line stores and polls, LL128 reread)\n");
+               "  --runtime-only  only the runtime's qualifiers (volatile line stores and polls, LL128 reread)\n"
+               "  --pingpong N    latency instead: two blocks bounce one line N times per variant (one-way time)\n");
 }
 
 bool parse(int argc, char** argv, Options& o) {
@@ -424,6 +486,7 @@ bool parse(int argc, char** argv, Options& o) {
     else if (k == "--protos") { const char* v = next("--protos"); if (!v) return false; o.protos = v; }
     else if (k == "--unrolls") { const char* v = next("--unrolls"); if (!v) return false; o.unrolls = v; }
     else if (k == "--runtime-only") o.runtimeOnly = true;
+    else if (k == "--pingpong") { if (!number("--pingpong", 1, x)) return false; o.pingpong = (int)x; }
     else if (k == "--timeout") { const char* v = next("--timeout"); if (!v) return false; o.timeoutS = std::atof(v); }
     else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
     else {
@@ -435,6 +498,13 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
+// Whether the options ask for this variant.
+bool selected(const Variant& v, const Options& o) {
+  if (!contains(o.protos, kProtoNames[v.proto]) || !contains(o.unrolls, std::to_string(v.u))) return false;
+  return !(o.runtimeOnly && v.proto != kSimple &&
+           (v.store != kVolatile || v.load != kVolatile || (v.proto == kLL128 && !v.reread)));
+}
+
 #define CK(call)                                                                                   \
   do {                                                                                             \
     cudaError_t e_ = (call);                                                                       \
@@ -443,6 +513,54 @@ bool parse(int argc, char** argv, Options& o) {
       std::exit(2);                                                                                \
     }                                                                                              \
   } while (0)
+
+// The one-way time of one line per selected variant (U = 1 rows), median of --iters runs after one warm-up.
+int pingTable(const Options& o, const cudaDeviceProp& prop) {
+  std::printf("# %s: two blocks bounce one line %d times; one-way time = round trips / 2, median of %d\n", prop.name,
+              o.pingpong, o.iters);
+  std::printf("%-7s %-9s %-9s %-6s %12s\n", "proto", "store", "load", "reread", "one-way_ns");
+  char* fifo;
+  unsigned long long* ctl;
+  int* hung;
+  CK(cudaMalloc(&fifo, 512));
+  CK(cudaMalloc(&ctl, sizeof(unsigned long long) * 32));
+  CK(cudaMallocManaged(&hung, sizeof(int)));
+  int bad = 0;
+  for (const Variant& v : allVariants()) {
+    if (!v.ping || !selected(v, o)) continue;
+    Args a{};
+    a.fifo = fifo;
+    a.ctl = ctl;
+    a.hung = hung;
+    a.timeoutNs = (unsigned long long)(o.timeoutS * 1e9);
+    int rounds = o.pingpong;
+    std::vector<double> ns;
+    bool hungRun = false;
+    for (int it = 0; it <= o.iters && !hungRun; ++it) {
+      CK(cudaMemset(fifo, 0, 512));
+      CK(cudaMemset(ctl, 0, sizeof(unsigned long long) * 32));
+      *hung = 0;
+      CK(cudaDeviceSynchronize());
+      void* params[] = {&a, &rounds};
+      CK(cudaLaunchCooperativeKernel((const void*)v.ping, dim3(2), dim3(32), params, 0, nullptr));
+      CK(cudaDeviceSynchronize());
+      unsigned long long total = 0;
+      CK(cudaMemcpy(&total, ctl + 16, sizeof(total), cudaMemcpyDeviceToHost));
+      hungRun = *hung != 0;
+      if (it) ns.push_back(total / (2.0 * rounds));
+    }
+    std::printf("%-7s %-9s %-9s %-6s ", kProtoNames[v.proto], v.proto == kSimple ? "-" : kQualNames[v.store],
+                v.proto == kSimple ? "-" : kQualNames[v.load], v.proto == kLL128 ? (v.reread ? "yes" : "no") : "-");
+    if (hungRun) {
+      std::printf("%12s\n", "HUNG");
+      bad = 1;
+      continue;
+    }
+    std::sort(ns.begin(), ns.end());
+    std::printf("%12.0f\n", ns[ns.size() / 2]);
+  }
+  return bad;
+}
 
 }  // namespace
 
@@ -460,6 +578,11 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   int coop = 0;
   CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+  if (!coop) {
+    std::fprintf(stderr, "taccl_line_bw: %s has no cooperative launch (the blocks must be co-resident)\n", prop.name);
+    return 2;
+  }
+  if (o.pingpong) return pingTable(o, prop);
   std::printf("# %s, %d SMs; %d thread(s) a block, %d connection(s) at once, median of %d after one warm-up\n",
               prop.name, prop.multiProcessorCount, o.threads, o.pairs, o.iters);
   std::printf("%-7s %2s %-9s %-9s %-6s %10s %5s %12s %10s %10s %6s\n", "proto", "U", "store", "load", "reread",
@@ -481,7 +604,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&src, host.size()));
   CK(cudaMalloc(&dst, host.size()));
   CK(cudaMalloc(&fifo, (size_t)maxWire * o.pairs));
-  CK(cudaMalloc(&ctl, sizeof(unsigned long long) * 16 * o.pairs));
+  CK(cudaMalloc(&ctl, sizeof(unsigned long long) * 16 * (o.pairs + 1)));  // + the ping's time
   CK(cudaMallocManaged(&hung, sizeof(int)));
   CK(cudaMemcpy(src, host.data(), host.size(), cudaMemcpyHostToDevice));
   cudaEvent_t t0, t1;
@@ -490,9 +613,7 @@ int main(int argc, char** argv) {
 
   int bad = 0;
   for (const Variant& v : allVariants()) {
-    if (!contains(o.protos, kProtoNames[v.proto]) || !contains(o.unrolls, std::to_string(v.u))) continue;
-    if (o.runtimeOnly && v.proto != kSimple && (v.store != kVolatile || v.load != kVolatile || (v.proto == kLL128 && !v.reread)))
-      continue;
+    if (!selected(v, o)) continue;
     const long long slot = o.slot ? o.slot : protoSlot(v.proto);
     if (slot % protoUnit(v.proto)) {
       std::printf("%-7s skipped: --slot %lld is not a multiple of %lld payload bytes\n", kProtoNames[v.proto], slot,
@@ -517,7 +638,7 @@ int main(int argc, char** argv) {
     }
     int perSM = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSM, (const void*)v.fn, o.threads, 0));
-    if (!coop || perSM * prop.multiProcessorCount < 2 * o.pairs) {
+    if (perSM * prop.multiProcessorCount < 2 * o.pairs) {
       std::fprintf(stderr, "taccl_line_bw: %d blocks of %d threads cannot all be resident (%d per SM x %d SMs)\n",
                    2 * o.pairs, o.threads, perSM, prop.multiProcessorCount);
       return 2;
