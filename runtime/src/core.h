@@ -25,6 +25,8 @@
 //        the flag, written by 8 threads of one warp at once. A line is read once its flag says it is there
 //        (no head counter, no fence); false = aborted while waiting
 //   void postRelaxed(uint64_t* p, uint64_t v, bool sys)   a credit store that needs no release
+//   void prefetch(const void* p, int64_t bytes)   a hint: bring the block's own tables (its steps, its
+//        connections) close before it runs them; may do nothing
 //   template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n)
 //        x = a[i] (b null) or Op(a[i], b[i]); write x to d1[i] and/or d2[i] (either may be null).
 //        Its loads must see other blocks' published writes (they may sit in another SM's or GPU's cache)
@@ -207,6 +209,11 @@ struct Interpreter {
   // Run thread block g (index into a.tbs) to completion. Returns false when the backend aborted a wait.
   TACCL_HD static bool runTb(B& be, const LaunchArgs& a, int g) {
     const TbLaunch tb = a.tbs[g];
+    // Every step's descriptor is read once per tile, right when the step starts; a small call has one tile,
+    // so each would be a miss to memory on the path from one hop to the next.
+    be.prefetch(a.steps + tb.firstStep, (int64_t)tb.nsteps * (int64_t)sizeof(Step));
+    if (tb.recvConn >= 0) be.prefetch(&a.conns[tb.recvConn], sizeof(Conn));
+    if (tb.sendConn >= 0) be.prefetch(&a.conns[tb.sendConn], sizeof(Conn));
     T* bufs[3];
     for (int k = 0; k < 3; ++k) bufs[k] = (T*)a.bufs[tb.rank * 3 + k];
     ConnState cs;

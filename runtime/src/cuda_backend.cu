@@ -244,6 +244,13 @@ struct DeviceBackend {
 
   __device__ bool endWork(bool ok) { return __syncthreads_and(ok) != 0; }
 
+  // Into this SM's L1, one 128-byte line per thread: the tables are read with plain (L1-cached) loads.
+  __device__ void prefetch(const void* p, int64_t bytes) {
+    const uintptr_t first = (uintptr_t)p & ~(uintptr_t)127, end = (uintptr_t)p + (uintptr_t)bytes;
+    for (uintptr_t line = first + (uintptr_t)threadIdx.x * 128; line < end; line += (uintptr_t)blockDim.x * 128)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+  }
+
   // Wait (this thread alone) until a line carries `flag`; false when the run was aborted or timed out.
   __device__ bool readLine(const uint4* p, uint32_t flag, const WaitInfo& w, uint64_t& x) {
     uint4 v;

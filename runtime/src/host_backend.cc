@@ -30,6 +30,7 @@ struct HostBackend {
   int g;
   static constexpr bool kLines = false;  // LL runs as Simple with LL's tiles and FIFO depth
   bool endWork(bool ok) { return ok; }
+  void prefetch(const void*, int64_t) {}  // one thread's own tables: the CPU's caches do it
   template <class T> static T load(const T* p) { return *p; }
   template <class T, class Op> void move(const T* a, const T* b, T* d1, T* d2, int64_t n) {
     scalarMove<HostBackend, T, Op>(a, b, d1, d2, 0, n, 1);
