@@ -209,8 +209,8 @@ struct Interpreter {
   // Run thread block g (index into a.tbs) to completion. Returns false when the backend aborted a wait.
   TACCL_HD static bool runTb(B& be, const LaunchArgs& a, int g) {
     const TbLaunch tb = a.tbs[g];
-    // Every step's descriptor is read once per tile, right when the step starts; a small call has one tile,
-    // so each would be a miss to memory on the path from one hop to the next.
+    // A step's descriptor is read when the step starts, on the path from one hop to the next; a small call
+    // has one tile, so the first read of each line of them (8 steps) and of each connection would miss.
     be.prefetch(a.steps + tb.firstStep, (int64_t)tb.nsteps * (int64_t)sizeof(Step));
     if (tb.recvConn >= 0) be.prefetch(&a.conns[tb.recvConn], sizeof(Conn));
     if (tb.sendConn >= 0) be.prefetch(&a.conns[tb.sendConn], sizeof(Conn));
