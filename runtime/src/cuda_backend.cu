@@ -23,6 +23,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "launch_pool.h"
 #include "plan.h"
 
 namespace taccl {
@@ -745,8 +746,9 @@ std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape
 }
 
 // One run on a prepared state. Throws CudaFailure; a deadlock is reported in the RunReport.
+// `pool`: the handle's launcher threads (null: threads made for this call).
 RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers,
-                     const RunOptions& opt) {
+                     const RunOptions& opt, LaunchPool* pool) {
   RunReport rep;
   const int R = S.R, ntbs = S.ntbs;
   // Buffers: the user's device pointers, or staged copies of host buffers (in-place aliasing preserved by
@@ -824,8 +826,11 @@ RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& u
       *(volatile int*)S.abortFlag = 1;
     }
   };
-  if (S.active.size() == 1) {
+  const int nactive = (int)S.active.size();
+  if (nactive == 1) {
     launch(S.active[0]);
+  } else if (pool && pool->size() >= nactive) {
+    pool->run(nactive, [&](int i) { launch(S.active[i]); });
   } else {
     std::vector<std::thread> launchers;
     for (int d : S.active) launchers.emplace_back(launch, d);
@@ -873,6 +878,7 @@ struct CudaCache {
   std::list<std::unique_ptr<CudaState>> states;  // most recently used first
   // Launch shapes kept: a job cycles through a few sizes and collectives; each state holds its FIFOs.
   static constexpr size_t kMaxStates = 8;
+  std::unique_ptr<LaunchPool> launchers;  // one thread per GPU, made by the first call on several GPUs
 };
 
 CudaCache* newCudaCache() { return new CudaCache(); }
@@ -973,7 +979,12 @@ RunReport runCuda(const Plan& plan, const std::vector<char*>& userBufs, bool hos
       own = buildState(plan, shape, kernel, opt);
       state = own.get();
     }
-    rep = runOnState(*state, plan, userBufs, hostBuffers, opt);
+    LaunchPool* pool = nullptr;
+    if (cache && ndev > 1) {
+      if (!cache->launchers || cache->launchers->size() < ndev) cache->launchers = std::make_unique<LaunchPool>(ndev);
+      pool = cache->launchers.get();
+    }
+    rep = runOnState(*state, plan, userBufs, hostBuffers, opt, pool);
     if (rep.outcome != Outcome::Done && cache) cache->states.remove_if([&](auto& s) { return s.get() == state; });
   } catch (const CudaFailure& e) {
     // a failed run may have left its state half-done: never reuse it

@@ -3,14 +3,19 @@
 // Run from runtime/ (pytest does): data in tests/data, shared programs in $TACCL_SHARED_XML_DIR.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "launch_pool.h"
 #include "taccl_runtime.h"
 #include "program.h"
 #include "xml_reader.h"
@@ -321,4 +326,34 @@ TEST(HostRun, SelectionWindowAndDivisibility) {
   EXPECT_EQ(idx, -1);
   EXPECT_EQ(tacclSelect(f.h, TACCL_ALLGATHER, 4, 8 * 3, TACCL_FLOAT32, 0, &idx), TACCL_OK);
   EXPECT_EQ(idx, -1);
+}
+
+// The CUDA backend's launcher threads (launch_pool.h), without a GPU: each call runs job i on worker i for
+// every i < n, exactly once, returns only after all of them, rethrows a job's exception and stays usable.
+TEST(LaunchPool, RunsEachJobOncePerCallAndWaitsForAll) {
+  LaunchPool pool(4);
+  ASSERT_EQ(pool.size(), 4);
+  std::vector<std::atomic<int>> runs(4);
+  std::vector<std::thread::id> ids(4);
+  for (int call = 0; call < 2000; ++call) {
+    const int n = 1 + call % 4;
+    std::atomic<int> finished{0};
+    pool.run(n, [&](int i) {
+      if (call % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200 * i));
+      runs[i]++;
+      if (ids[i] == std::thread::id()) ids[i] = std::this_thread::get_id();  // worker i, its own slot
+      else if (ids[i] != std::this_thread::get_id()) ADD_FAILURE() << "job " << i << " moved to another thread";
+      finished++;
+    });
+    ASSERT_EQ(finished.load(), n) << "call " << call << " returned before its jobs ended";
+  }
+  // jobs i < n run in every call: job 0 2000 times, job 3 only when n == 4 (500 calls)
+  EXPECT_EQ(runs[0].load(), 2000);
+  EXPECT_EQ(runs[1].load(), 1500);
+  EXPECT_EQ(runs[2].load(), 1000);
+  EXPECT_EQ(runs[3].load(), 500);
+  EXPECT_THROW(pool.run(3, [](int i) { if (i == 1) throw std::runtime_error("launch failed"); }), std::runtime_error);
+  std::atomic<int> after{0};
+  pool.run(4, [&](int) { after++; });
+  EXPECT_EQ(after.load(), 4);
 }
