@@ -145,6 +145,8 @@ def test_line_bandwidth_tool_builds_without_spills_and_runs_or_says_why_not():
         assert all("STACK:0 " in u and "LOCAL:0 " in u for u in usage), [u for u in usage if "STACK:0 " not in u][:3]
     r = subprocess.run([tool, "--threads", "100"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "multiple of 32" in r.stderr, r.stderr
+    r = subprocess.run([tool, "--protos", "LL,ll128"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "'LL,ll128'" in r.stderr, r.stderr
     r = subprocess.run([tool, "--bytes", str(1 << 20), "--unrolls", "1,4", "--iters", "1", "--runtime-only"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode == 2 and "no usable CUDA device" in r.stderr:

@@ -435,6 +435,18 @@ bool contains(const std::string& list, const std::string& item) {
   return false;
 }
 
+// Whether every item of the comma-separated `list` is one of `allowed`'s.
+bool listOf(const std::string& list, const std::string& allowed) {
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    if (!contains(allowed, list.substr(start, end - start))) return false;
+    start = end + 1;
+  }
+  return true;
+}
+
 void usage() {
   std::fprintf(stderr,
                "usage: taccl_line_bw [--bytes N] [--slot N] [--slots N] [--threads N] [--pairs N] [--iters N]\n"
@@ -483,11 +495,29 @@ bool parse(int argc, char** argv, Options& o) {
     }
     else if (k == "--pairs") { if (!number("--pairs", 1, x)) return false; o.pairs = (int)x; }
     else if (k == "--iters") { if (!number("--iters", 1, x)) return false; o.iters = (int)x; }
-    else if (k == "--protos") { const char* v = next("--protos"); if (!v) return false; o.protos = v; }
-    else if (k == "--unrolls") { const char* v = next("--unrolls"); if (!v) return false; o.unrolls = v; }
+    else if (k == "--protos" || k == "--unrolls") {
+      const char* v = next(k.c_str());
+      if (!v) return false;
+      const bool protos = k == "--protos";
+      if (!listOf(v, protos ? "Simple,LL,LL128" : "1,2,4,8")) {
+        std::fprintf(stderr, "taccl_line_bw: %s takes a comma-separated list of %s, got '%s'\n", k.c_str(),
+                     protos ? "Simple, LL, LL128" : "1, 2, 4, 8", v);
+        return false;
+      }
+      (protos ? o.protos : o.unrolls) = v;
+    }
     else if (k == "--runtime-only") o.runtimeOnly = true;
     else if (k == "--pingpong") { if (!number("--pingpong", 1, x)) return false; o.pingpong = (int)x; }
-    else if (k == "--timeout") { const char* v = next("--timeout"); if (!v) return false; o.timeoutS = std::atof(v); }
+    else if (k == "--timeout") {
+      const char* v = next("--timeout");
+      if (!v) return false;
+      char* end = nullptr;
+      o.timeoutS = std::strtod(v, &end);
+      if (!*v || *end || !(o.timeoutS > 0)) {
+        std::fprintf(stderr, "taccl_line_bw: --timeout must be a positive number of seconds, got '%s'\n", v);
+        return false;
+      }
+    }
     else if (k == "-h" || k == "--help") { usage(); std::exit(0); }
     else {
       std::fprintf(stderr, "taccl_line_bw: unknown option '%s'\n", k.c_str());
