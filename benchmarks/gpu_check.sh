@@ -11,18 +11,17 @@
 # ring|double-binary-tree|hierarchical -t dgx-h100 -n 1|2 --proto P [--instances N]`; gpu-inputs/ndv2 = the
 # msccl-algorithms/ that `taccl batch sketches/skus/ndv2.yaml` writes.
 #
-# Environment: PREBUILT=DIR takes libtaccl_runtime_cuda.so, taccl_bench_cuda, cuda_backend.o, taccl-probe
-# and (when there) taccl_line_bw from DIR (built elsewhere from a clean tree with the same nvcc) instead of
-# building here; SWEEP=0 skips the sweeps; ITERS runs per case (default 2); LARGE="FILES" sweeps them at 256 MiB and 1 GiB;
-# BENCH="FILES" runs taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) with direct transfers on and
-# off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device buffers with the
-# backend's state kept and rebuilt (benchmarks/runtime_calls.py); LL128=1 sweeps the LL128 programs with the
-# LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default) and benches the FILES of
-# LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; LATENCY=1 takes a small call's
-# time apart (benchmarks/runtime_latency.py); LINEBW=1 times one connection's FIFO per protocol and line
-# variant without the interpreter, and one line's round trips (runtime/tools/line_bw.cu; LINEBW_ARGS adds
-# options to the first); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S, LINEBW_S are the stages' time
-# limits in seconds.
+# Environment: PREBUILT=DIR takes libtaccl_runtime_cuda.so, taccl_bench_cuda, cuda_backend.o, taccl-probe and
+# (when there) taccl_line_bw from DIR (built elsewhere from a clean tree with the same nvcc) instead of
+# building here; SWEEP=0 skips the sweeps; ITERS runs per case (default 2); LARGE="FILES" sweeps them at 256
+# MiB and 1 GiB; BENCH="FILES" runs taccl_bench on them (BENCH_MAX bytes, BENCH_CHECK=0|1) with direct
+# transfers on and off (DIRECT_AB=0: on only) and cudaMemcpy; CALLS="FILES" times whole calls on device
+# buffers with the backend's state kept and rebuilt (benchmarks/runtime_calls.py); LL128=1 sweeps the LL128
+# programs with the LL128 line protocol on (TACCL_RUNTIME_LL128=1, off by default) and benches the FILES of
+# LL128_BENCH with it off and on; PROFILE=1 runs `taccl profile --quick`; LATENCY=1 takes a small call's time
+# apart (benchmarks/runtime_latency.py); LINEBW=1 times one connection's FIFO per protocol and line variant
+# without the interpreter, and one line's round trips (runtime/tools/line_bw.cu; LINEBW_ARGS adds options to
+# the first); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S, LINEBW_S are the stages' time limits in seconds.
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
 mkdir -p "$OUT"
