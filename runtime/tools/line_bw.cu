@@ -622,7 +622,8 @@ int main(int argc, char** argv) {
   long long maxWire = 0;
   for (int p = 0; p < 3; ++p)
     maxWire = std::max(maxWire, slotWire(p, o.slot ? o.slot : protoSlot(p)) * (o.nslots ? o.nslots : protoSlots(p)));
-  std::vector<char> host((size_t)(o.bytes * o.pairs)), back(host.size());
+  const long long stride = (o.bytes + 127) / 128 * 128;  // each connection's buffers start 128-byte aligned
+  std::vector<char> host((size_t)(stride * o.pairs)), back(host.size());
   std::mt19937_64 rng(1);
   for (size_t i = 0; i + 8 <= host.size(); i += 8) {
     const uint64_t x = rng();
@@ -660,7 +661,7 @@ int main(int argc, char** argv) {
     a.slotWire = slotWire(v.proto, slot);
     a.nslots = o.nslots ? o.nslots : protoSlots(v.proto);
     a.bytes = o.bytes / slot * slot;
-    a.stride = o.bytes;
+    a.stride = stride;
     a.timeoutNs = (unsigned long long)(o.timeoutS * 1e9);
     if (a.bytes == 0) {
       std::printf("%-7s skipped: --bytes is less than one call (%lld)\n", kProtoNames[v.proto], slot);
@@ -693,7 +694,7 @@ int main(int argc, char** argv) {
       if (it) times.push_back(ms * 1000.0f);
       CK(cudaMemcpy(back.data(), dst, host.size(), cudaMemcpyDeviceToHost));
       for (int p = 0; p < o.pairs && !wrong; ++p)
-        wrong = std::memcmp(back.data() + p * o.bytes, host.data() + p * o.bytes, (size_t)a.bytes) != 0;
+        wrong = std::memcmp(back.data() + p * stride, host.data() + p * stride, (size_t)a.bytes) != 0;
       if (wrong) break;
     }
     const char* reread = v.proto == kLL128 ? (v.reread ? "yes" : "no") : "-";
