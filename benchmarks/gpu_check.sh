@@ -6,7 +6,8 @@
 #
 #   benchmarks/gpu_check.sh [PROGRAM_DIR...]          (default: gpu-inputs/*)
 #
-# The program directories are made here beforehand and carried to the GPU machine, e.g.:
+# The program directories are made here beforehand (benchmarks/gpu_prepare.sh makes all of them, and the
+# prebuilt binaries and wheels) and carried to the GPU machine, e.g.:
 # gpu-inputs/shared = ../shared/data/msccl-xml/*.xml; gpu-inputs/baselines = `taccl baseline
 # ring|double-binary-tree|hierarchical -t dgx-h100 -n 1|2 --proto P [--instances N]`; gpu-inputs/ndv2 = the
 # msccl-algorithms/ that `taccl batch sketches/skus/ndv2.yaml` writes.

@@ -160,3 +160,14 @@ def test_line_bandwidth_tool_builds_without_spills_and_runs_or_says_why_not():
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith(("#", "proto"))]
     assert [row[0] for row in rows] == ["Simple", "LL", "LL128"] and all(float(row[-1]) > 0 for row in rows), rows
+
+
+def test_gpu_session_scripts_parse_and_refuse_unknown_options():
+    """benchmarks/gpu_check.sh and gpu_prepare.sh are only run on (or for) a lent GPU: here they must at least
+    parse, and gpu_prepare.sh must refuse an unknown option before touching anything."""
+    for script in ("gpu_check.sh", "gpu_prepare.sh"):
+        r = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True)
+        assert r.returncode == 0, (script, r.stderr)
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_prepare.sh"), "--bogus"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr, r.stderr
