@@ -328,8 +328,9 @@ TEST(HostRun, SelectionWindowAndDivisibility) {
   EXPECT_EQ(idx, -1);
 }
 
-// The CUDA backend's launcher threads (launch_pool.h), without a GPU: each call runs job i on worker i for
-// every i < n, exactly once, returns only after all of them, rethrows a job's exception and stays usable.
+// The CUDA backend's launcher threads (launch_pool.h), without a GPU: each call runs job i for every i < n
+// exactly once (job 0 on the calling thread, job i always on worker i), returns only after all of them,
+// rethrows a job's exception and stays usable.
 TEST(LaunchPool, RunsEachJobOncePerCallAndWaitsForAll) {
   LaunchPool pool(4);
   ASSERT_EQ(pool.size(), 4);
