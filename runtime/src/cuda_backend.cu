@@ -19,7 +19,6 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <sstream>
 #include <stdexcept>
 
@@ -746,7 +745,7 @@ std::unique_ptr<CudaState> buildState(const Plan& plan, const LaunchShape& shape
 }
 
 // One run on a prepared state. Throws CudaFailure; a deadlock is reported in the RunReport.
-// `pool`: the handle's launcher threads (null: threads made for this call).
+// `pool`: the handle's launcher threads, one per visible GPU (null: threads made for this call).
 RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& userBufs, bool hostBuffers,
                      const RunOptions& opt, LaunchPool* pool) {
   RunReport rep;
@@ -827,15 +826,9 @@ RunReport runOnState(CudaState& S, const Plan& plan, const std::vector<char*>& u
     }
   };
   const int nactive = (int)S.active.size();
-  if (nactive == 1) {
-    launch(S.active[0]);
-  } else if (pool && pool->size() >= nactive) {
-    pool->run(nactive, [&](int i) { launch(S.active[i]); });
-  } else {
-    std::vector<std::thread> launchers;
-    for (int d : S.active) launchers.emplace_back(launch, d);
-    for (auto& t : launchers) t.join();
-  }
+  std::unique_ptr<LaunchPool> own;  // without the handle's: this call's (threads for GPUs 1.., none for one)
+  if (!pool) pool = (own = std::make_unique<LaunchPool>(nactive)).get();
+  pool->run(nactive, [&](int i) { launch(S.active[i]); });
   *(volatile int*)S.holdRelease = 1;  // every launch is queued (or failed): the GPUs start
   // The call's time: the longest kernel, timed by CUDA events on its GPU.
   rep.elapsedUs = 0;
