@@ -424,26 +424,28 @@ long long protoUnit(int p) { return p == kSimple ? 16 : p == kLL ? 8 : 120; }
 long long wireBytes(int p, long long payload) { return p == kLL ? payload * 2 : p == kLL128 ? payload / 120 * 128 : payload; }
 long long slotWire(int p, long long payload) { return (wireBytes(p, payload) + 127) / 128 * 128; }
 
-bool contains(const std::string& list, const std::string& item) {
+// The items of a comma-separated list.
+std::vector<std::string> items(const std::string& list) {
+  std::vector<std::string> out;
   size_t start = 0;
   while (start <= list.size()) {
     size_t end = list.find(',', start);
     if (end == std::string::npos) end = list.size();
-    if (list.compare(start, end - start, item) == 0) return true;
+    out.push_back(list.substr(start, end - start));
     start = end + 1;
   }
-  return false;
+  return out;
+}
+
+bool contains(const std::string& list, const std::string& item) {
+  const auto all = items(list);
+  return std::find(all.begin(), all.end(), item) != all.end();
 }
 
 // Whether every item of the comma-separated `list` is one of `allowed`'s.
 bool listOf(const std::string& list, const std::string& allowed) {
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    if (!contains(allowed, list.substr(start, end - start))) return false;
-    start = end + 1;
-  }
+  for (const std::string& item : items(list))
+    if (!contains(allowed, item)) return false;
   return true;
 }
 
