@@ -10,19 +10,6 @@ int64_t sizeMultiplier(Coll c, int nranks) {
   return (c == Coll::AllGather || c == Coll::ReduceScatter || c == Coll::AllToAll) ? nranks : 1;
 }
 
-// Tile size C (msccl-xml.md 1.8) with NCCL's default buffer sizes.
-int64_t protoTileBytes(Proto p) {
-  switch (p) {
-    case Proto::Simple: return 2 << 20;  // (NCCL_BUFFSIZE / 8) * 4
-    case Proto::LL: return 32 << 10;     // LL buffer / 8 / 2
-    case Proto::LL128: return 576000;    // (LL128 buffer / 8) * 15 / 16
-  }
-  return 2 << 20;
-}
-
-// Calls in flight per connection: Simple uses 4 of NCCL_STEPS=8 slots per call, LL and LL128 one.
-int protoSlots(Proto p) { return p == Proto::Simple ? 2 : 8; }
-
 size_t typeSize(int dtype) {
   static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
   return dtype >= 0 && dtype < 10 ? sizes[dtype] : 0;

@@ -36,8 +36,17 @@ struct Plan {
 };
 
 int64_t sizeMultiplier(Coll c, int nranks);
-int64_t protoTileBytes(Proto p);
-int protoSlots(Proto p);
+// Tile size C (msccl-xml.md 1.8) with NCCL's default buffer sizes (inline: tools/line_bw.cu uses them too).
+inline int64_t protoTileBytes(Proto p) {
+  switch (p) {
+    case Proto::Simple: return 2 << 20;  // (NCCL_BUFFSIZE / 8) * 4
+    case Proto::LL: return 32 << 10;     // LL buffer / 8 / 2
+    case Proto::LL128: return 576000;    // (LL128 buffer / 8) * 15 / 16
+  }
+  return 2 << 20;
+}
+// Calls in flight per connection: Simple uses 4 of NCCL_STEPS=8 slots per call, LL and LL128 one.
+inline int protoSlots(Proto p) { return p == Proto::Simple ? 2 : 8; }
 size_t typeSize(int dtype);
 
 // Throws ProgramError when the call cannot run this program (divisibility, tile count).

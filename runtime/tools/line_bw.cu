@@ -32,9 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "plan.h"  // the runtime's tile sizes and FIFO depths
+
 namespace {
 
-enum Proto { kSimple = 0, kLL = 1, kLL128 = 2 };
+enum Proto { kSimple = 0, kLL = 1, kLL128 = 2 };  // taccl::Proto's values
 enum Qual { kVolatile = 0, kRelaxed = 1, kWeak = 2 };
 constexpr int kMaxThreads = 640;  // NCCL's LL128 block; also bounds the registers a thread may take
 const char* const kProtoNames[] = {"Simple", "LL", "LL128"};
@@ -417,9 +419,9 @@ struct Options {
   int pingpong = 0;  // > 0: round trips of one line per variant instead of bandwidth
 };
 
-// The runtime's payload per call (runtime/src/plan.cc, NCCL's buffer sizes) and FIFO depth.
-long long protoSlot(int p) { return p == kSimple ? (2ll << 20) : p == kLL ? (32ll << 10) : 576000; }
-int protoSlots(int p) { return p == kSimple ? 2 : 8; }
+// The runtime's payload per call (its tile: NCCL's buffer sizes) and FIFO depth.
+long long protoSlot(int p) { return taccl::protoTileBytes((taccl::Proto)p); }
+int protoSlots(int p) { return taccl::protoSlots((taccl::Proto)p); }
 long long protoUnit(int p) { return p == kSimple ? 16 : p == kLL ? 8 : 120; }
 long long wireBytes(int p, long long payload) { return p == kLL ? payload * 2 : p == kLL128 ? payload / 120 * 128 : payload; }
 long long slotWire(int p, long long payload) { return (wireBytes(p, payload) + 127) / 128 * 128; }
