@@ -23,18 +23,43 @@
 # apart (benchmarks/runtime_latency.py); LINEBW=1 times one connection's FIFO per protocol and line variant
 # without the interpreter, and one line's round trips (runtime/tools/line_bw.cu; LINEBW_ARGS adds options to
 # the first); SMALL_S, MEDIUM_S, LARGE_S, BENCH_S, LATENCY_S, LINEBW_S are the stages' time limits in seconds.
+# DEADLINE_S=N bounds the whole run: each stage's limit is cut to what is left of N (less 20 s to finish) and a
+# stage with less than 10 s left is skipped and said so, so that a run inside a device call's limit (a call
+# killed at its limit returns none of the files) still ends with its files; BUNDLE=FILE.tgz packs $OUT into
+# one file (outside $OUT) at the end, however the script ends (the device tool returns at most 8 files).
 set -uo pipefail
 OUT=${OUT:-gpu-check-out}
 mkdir -p "$OUT"
 DIRS=("$@")
 [ ${#DIRS[@]} -eq 0 ] && DIRS=(gpu-inputs/*)
 SWEEP_CMD="python3 benchmarks/runtime_sweep.py --backend cuda"
+START=$SECONDS
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
+# A stage's time limit: WANT seconds, cut to what DEADLINE_S leaves (at least 1: `timeout 0` never stops).
+limit() {
+  local want=$1 left
+  if [ -n "${DEADLINE_S:-}" ]; then
+    left=$((DEADLINE_S - (SECONDS - START) - 20))
+    [ "$left" -lt "$want" ] && want=$left
+  fi
+  [ "$want" -lt 1 ] && want=1
+  echo "$want"
+}
+# Log a stage's start; false (the stage is skipped, and the summary says so) when the deadline leaves < 10 s.
+stage() {
+  if [ -n "${DEADLINE_S:-}" ] && [ $((DEADLINE_S - (SECONDS - START) - 20)) -lt 10 ]; then
+    log "skipped, DEADLINE_S=$DEADLINE_S reached: $*"
+    return 1
+  fi
+  log "$*"
+}
+bundle() { if [ -n "${BUNDLE:-}" ]; then tar czf "$BUNDLE" -C "$(dirname "$OUT")" "$(basename "$OUT")"; fi; }
+trap bundle EXIT
 # Run a sweep under a time limit; its table goes to $OUT/NAME.txt and its last line to the summary.
 sweep() {
   local name=$1 limit=$2
   shift 2
-  timeout "$limit" $SWEEP_CMD "$@" > "$OUT/$name.txt" 2>&1
+  timeout "$(limit "$limit")" $SWEEP_CMD "$@" > "$OUT/$name.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   tail -1 "$OUT/$name.txt" | tee -a "$OUT/summary.txt"
 }
@@ -55,7 +80,7 @@ if [ -n "${PREBUILT:-}" ]; then
 else
   log build
   make -C runtime clean > /dev/null
-  CUDA_ARCHS=${CUDA_ARCHS:-90} timeout 300 make -C runtime -j16 build/libtaccl_runtime_cuda.so \
+  CUDA_ARCHS=${CUDA_ARCHS:-90} timeout "$(limit 300)" make -C runtime -j16 build/libtaccl_runtime_cuda.so \
     build/taccl_bench_cuda build/taccl_line_bw > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
   make -C profiler NVCC="$(command -v nvcc)" > "$OUT/profiler-build.log" 2>&1
 fi
@@ -70,23 +95,20 @@ if command -v cuobjdump > /dev/null; then
     "$(grep -cE 'LDL|STL' "$OUT/sass-float-sum.txt") local loads/stores" | tee -a "$OUT/summary.txt"
 fi
 
-if [ "${SWEEP:-1}" = 1 ]; then
-  log "sweep: 1 KiB, 64 KiB, 1 MiB; float32, float16, bfloat16; in and out of place; ${ITERS:-2} random inputs each"
+if [ "${SWEEP:-1}" = 1 ] &&
+  stage "sweep: 1 KiB, 64 KiB, 1 MiB; float32, float16, bfloat16; in and out of place; ${ITERS:-2} random inputs each"; then
   sweep sweep-small "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB --dtypes float32,float16,bfloat16 --iters "${ITERS:-2}" \
     "${DIRS[@]}"
-  log "sweep: 16 MiB float32"
-  sweep sweep-16m "${MEDIUM_S:-150}" --sizes 16MiB --dtypes float32 --iters 1 --only-outofplace "${DIRS[@]}"
 fi
 
-if [ -n "${LL128:-}" ]; then
-  log "LL128 line protocol: sweep of the LL128 programs with it on"
+if [ -n "${LL128:-}" ] && stage "LL128 line protocol: sweep of the LL128 programs with it on"; then
   mapfile -t ll128 < <(grep -l 'proto="LL128"' $(for d in "${DIRS[@]}"; do echo "$d"/*.xml; done) 2>/dev/null)
   TACCL_RUNTIME_LL128=1 sweep sweep-ll128 "${SMALL_S:-240}" --sizes 1KiB,64KiB,1MiB --dtypes float32,bfloat16 \
     --iters 2 "${ll128[@]}"
   for f in ${LL128_BENCH:-}; do
     for on in 0 1; do
       echo "# TACCL_RUNTIME_LL128=$on" >> "$OUT/bench-ll128.txt"
-      TACCL_RUNTIME_LL128=$on timeout "${BENCH_S:-60}" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 \
+      TACCL_RUNTIME_LL128=$on timeout "$(limit "${BENCH_S:-60}")" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 \
         -e "${BENCH_MAX:-268435456}" -f 4 -w 2 -n 5 -c 1 >> "$OUT/bench-ll128.txt" 2>&1
     done
   done
@@ -94,16 +116,17 @@ fi
 
 # A program that deadlocks (both ranks fill their FIFO before receiving) must be stopped by the watchdog with
 # the waiting blocks named, not hang the GPU.
-log "watchdog"
-( time timeout 60 python3 -m taccl.cli run runtime/tests/data/bad_fifo_deadlock.xml --backend cuda --size 96 \
+if stage "watchdog"; then
+( time timeout "$(limit 60)" python3 -m taccl.cli run runtime/tests/data/bad_fifo_deadlock.xml --backend cuda --size 96 \
     --dtype int32 --timeout-ms 300 ) > "$OUT/watchdog.txt" 2>&1
 echo "exit $? (1 expected: deadlock)" | tee -a "$OUT/summary.txt"
 grep -E "deadlock|real" "$OUT/watchdog.txt" | head -3 | tee -a "$OUT/summary.txt"
+fi
 
 # The device-buffer entry point (tacclRun) with the caller's own GPU buffers (CuPy), and a host pointer passed
 # as a device buffer, which must be refused with a message rather than fault the process.
-log "device buffers"
-timeout 60 python3 - > "$OUT/device-buffers.txt" 2>&1 <<'PY'
+if stage "device buffers"; then
+timeout "$(limit 60)" python3 - > "$OUT/device-buffers.txt" 2>&1 <<'PY'
 import ctypes
 import glob
 import cupy as cp
@@ -127,11 +150,12 @@ with trt.Runtime(backend="cuda") as rt:
     print(f"host pointer as a device buffer: status {st} outcome {res.outcome}: {rt._error()}")
 PY
 cat "$OUT/device-buffers.txt" | tee -a "$OUT/summary.txt"
+fi
 
 # The kept state freed once cuda_cache is turned off (device memory back to where it was before the handle's
 # first call), and a live swap of the handle's program set between two calls.
-log "cuda_cache off frees the kept state; live swap"
-timeout 60 python3 - > "$OUT/cache-swap.txt" 2>&1 <<'PY'
+if stage "cuda_cache off frees the kept state; live swap"; then
+timeout "$(limit 60)" python3 - > "$OUT/cache-swap.txt" 2>&1 <<'PY'
 import glob
 import cupy as cp
 from taccl import runtime as trt
@@ -157,37 +181,40 @@ with trt.Runtime(backend="cuda") as rt:
           f"{out2.generation}, status {out2.status}, wrong elements {trt.count_wrong(out2.outputs, ref, 'float32')[0]}")
 PY
 cat "$OUT/cache-swap.txt" | tee -a "$OUT/summary.txt"
+fi
 
-if [ -n "${LATENCY:-}" ]; then
-  log "latency: rings of 2-16 ranks at 1 KiB, a call's cost and a hop's (benchmarks/runtime_latency.py)"
-  timeout "${LATENCY_S:-150}" python3 benchmarks/runtime_latency.py --backend cuda > "$OUT/latency.txt" 2>&1
+if [ -n "${LATENCY:-}" ] &&
+  stage "latency: rings of 2-16 ranks at 1 KiB, a call's cost and a hop's (benchmarks/runtime_latency.py)"; then
+  timeout "$(limit "${LATENCY_S:-150}")" python3 benchmarks/runtime_latency.py --backend cuda > "$OUT/latency.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   cat "$OUT/latency.txt" | tee -a "$OUT/summary.txt"
 fi
 
-if [ -n "${LINEBW:-}" ]; then
-  log "one connection's FIFO without the interpreter: protocols and line variants (taccl_line_bw)"
-  timeout "${LINEBW_S:-180}" runtime/build/taccl_line_bw ${LINEBW_ARGS:-} > "$OUT/line-bw.txt" 2>&1
+if [ -n "${LINEBW:-}" ] &&
+  stage "one connection's FIFO without the interpreter: protocols and line variants (taccl_line_bw)"; then
+  timeout "$(limit "${LINEBW_S:-180}")" runtime/build/taccl_line_bw ${LINEBW_ARGS:-} > "$OUT/line-bw.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   sort -k10 -n -r "$OUT/line-bw.txt" | grep -v '^#' | head -5 | tee -a "$OUT/summary.txt"
-  timeout 60 runtime/build/taccl_line_bw --pingpong 10000 > "$OUT/line-latency.txt" 2>&1
+  timeout "$(limit 60)" runtime/build/taccl_line_bw --pingpong 10000 > "$OUT/line-latency.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   sort -k5 -n "$OUT/line-latency.txt" | grep -v '^#' | head -5 | tee -a "$OUT/summary.txt"
 fi
 
-if [ -n "${LARGE:-}" ]; then
-  log "sweep: 256 MiB, 1 GiB float32 on $LARGE"
+if [ "${SWEEP:-1}" = 1 ] && stage "sweep: 16 MiB float32"; then
+  sweep sweep-16m "${MEDIUM_S:-150}" --sizes 16MiB --dtypes float32 --iters 1 --only-outofplace "${DIRS[@]}"
+fi
+
+if [ -n "${LARGE:-}" ] && stage "sweep: 256 MiB, 1 GiB float32 on $LARGE"; then
   sweep sweep-large "${LARGE_S:-150}" --sizes 256MiB,1GiB --dtypes float32 --iters 1 --only-outofplace $LARGE
 fi
 
-if [ -n "${BENCH:-}" ]; then
-  log "taccl_bench on $BENCH"
+if [ -n "${BENCH:-}" ] && stage "taccl_bench on $BENCH"; then
   modes="1 0"
   [ "${DIRECT_AB:-1}" = 0 ] && modes=1
   for f in $BENCH; do
     for direct in $modes; do
       echo "# TACCL_RUNTIME_DIRECT=$direct" >> "$OUT/bench.txt"
-      TACCL_RUNTIME_DIRECT=$direct timeout "${BENCH_S:-60}" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 \
+      TACCL_RUNTIME_DIRECT=$direct timeout "$(limit "${BENCH_S:-60}")" runtime/build/taccl_bench_cuda -x "$f" -B cuda -b 1024 \
         -e "${BENCH_MAX:-268435456}" -f 4 -w 2 -n 5 -c "${BENCH_CHECK:-1}" >> "$OUT/bench.txt" 2>&1
     done
   done
@@ -205,15 +232,13 @@ PY
   grep cudaMemcpy "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 fi
 
-if [ -n "${CALLS:-}" ]; then
-  log "whole calls on device buffers: $CALLS"
-  timeout "${CALLS_S:-90}" python3 benchmarks/runtime_calls.py $CALLS > "$OUT/calls.txt" 2>&1
+if [ -n "${CALLS:-}" ] && stage "whole calls on device buffers: $CALLS"; then
+  timeout "$(limit "${CALLS_S:-90}")" python3 benchmarks/runtime_calls.py $CALLS > "$OUT/calls.txt" 2>&1
   cat "$OUT/calls.txt" | tee -a "$OUT/summary.txt"
 fi
 
-if [ -n "${PROFILE:-}" ]; then
-  log "taccl profile --quick"
-  ( time timeout 120 python3 -m taccl.cli profile --quick --out "$OUT/profiled-topology.json" ) > "$OUT/profile.txt" 2>&1
+if [ -n "${PROFILE:-}" ] && stage "taccl profile --quick"; then
+  ( time timeout "$(limit 120)" python3 -m taccl.cli profile --quick --out "$OUT/profiled-topology.json" ) > "$OUT/profile.txt" 2>&1
   tail -25 "$OUT/profile.txt"
 fi
 log done

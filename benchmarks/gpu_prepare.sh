@@ -14,12 +14,13 @@
 #   benchmarks/gpu_prepare.sh [--skip-build] [--skip-batches]
 #
 # Then one `run` of the device tool, with `carry: ["gpu-inputs", ".whl"]` (about 54 MiB of the 64 it carries)
-# and a timeout that leaves room to rerun (the stages' own limits are in gpu_check.sh's header), e.g.:
+# and `timeout_s: 480`, which leaves room to rerun a part of it: the run stops its stages at DEADLINE_S and
+# packs what they wrote into one file under the device's $OUT (a call killed at its limit would return none;
+# BUNDLE is set before OUT, which names gpu_check's own folder), e.g.:
 #
 #   pip install -q --no-index --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD &&
-#   OUT=/tmp/gc PREBUILT=gpu-inputs/prebuilt ITERS=1 LL128=1 LATENCY=1 LINEBW=1 \
-#     bash benchmarks/gpu_check.sh gpu-inputs/shared gpu-inputs/baselines gpu-inputs/ndv2 gpu-inputs/h100;
-#   tar czf $OUT/gpu-check.tgz -C /tmp gc
+#   BUNDLE=$OUT/gpu-check.tgz OUT=/tmp/gc DEADLINE_S=420 PREBUILT=gpu-inputs/prebuilt ITERS=1 LL128=1 LATENCY=1 \
+#     LINEBW=1 bash benchmarks/gpu_check.sh gpu-inputs/shared gpu-inputs/baselines gpu-inputs/ndv2 gpu-inputs/h100
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=1

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,30 @@ def test_gpu_session_scripts_parse_and_refuse_unknown_options():
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_prepare.sh"), "--bogus"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "unknown option '--bogus'" in r.stderr, r.stderr
+
+
+def test_gpu_check_stops_its_stages_at_the_deadline_and_bundles_what_ran(tmp_path):
+    """A device call killed at its limit returns none of gpu_check.sh's files: with DEADLINE_S the script cuts
+    a stage's own limit to what is left, skips the stages that no longer fit and still packs $OUT (BUNDLE).
+    Run on a stand-in tree whose sweep never ends."""
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "gpu_check.sh", tmp_path / "benchmarks")
+    (tmp_path / "benchmarks" / "runtime_sweep.py").write_text("import time\ntime.sleep(300)\n")
+    prebuilt = tmp_path / "prebuilt"
+    prebuilt.mkdir()
+    for name in ("libtaccl_runtime_cuda.so", "taccl_bench_cuda", "cuda_backend.o", "taccl-probe"):
+        (prebuilt / name).write_text("stand-in\n")
+    for folder in ("runtime/build/cuda", "profiler", "programs"):
+        (tmp_path / folder).mkdir(parents=True)
+    env = {**os.environ, "DEADLINE_S": "32", "OUT": str(tmp_path / "out"), "BUNDLE": str(tmp_path / "out.tgz"),
+           "PREBUILT": "prebuilt", "LATENCY": "1", "LINEBW": "1"}
+    t0 = time.monotonic()
+    subprocess.run(["bash", "benchmarks/gpu_check.sh", "programs"], cwd=tmp_path, env=env, capture_output=True,
+                   text=True, timeout=120)
+    took = time.monotonic() - t0
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "exit 124" in summary and took < 25, (took, summary)  # the sweep stopped at 32 - 20 s, not its 240
+    for stage in ("watchdog", "device buffers", "latency", "one connection's FIFO", "sweep: 16 MiB"):
+        assert f"skipped, DEADLINE_S=32 reached: {stage}" in summary, summary
+    with tarfile.open(tmp_path / "out.tgz") as bundle:
+        assert "out/summary.txt" in bundle.getnames()
