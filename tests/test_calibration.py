@@ -121,6 +121,15 @@ def test_calibration_parameters_out_of_range_name_file_and_field(tmp_path, chang
     assert msg.startswith(f"{path}: {where}: ") and what in msg
 
 
+def test_a_node_beyond_any_machine_is_refused_by_the_schema(tmp_path):
+    """gpus_per_node is bounded (4096): 10^12 once reached the cross-reference checks, which list the GPUs
+    without a NIC, and the process was killed for memory."""
+    path = tmp_path / "huge-node.json"
+    path.write_text(json.dumps(calibrated(gpus_per_node=10 ** 12)))
+    with pytest.raises(UserError, match=r"\$\.gpus_per_node: 1000000000000 is greater than the maximum of 4096"):
+        spec_from_dict(json.loads(path.read_text()), path=str(path))
+
+
 def test_bad_calibration_is_a_cli_error(tmp_path, capsys):
     from taccl.cli import main
 
