@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 
-from .collectives import Collective, add_contributions, contribution, make_collective, mask_of, ranks_in
+from .collectives import (NAMES, Collective, add_contributions, canonical_name, contribution, make_collective, mask_of,
+                          ranks_in)
 from .errors import CheckFailed, UserError
 
 FORMAT = "taccl.algorithm/1"
@@ -97,6 +98,9 @@ class Algorithm:
     def from_json(cls, doc, *, path: str | None = None) -> "Algorithm":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise UserError(f"not a taccl algorithm file (expected \"format\": \"{FORMAT}\")", path=path, where="$.format")
+        for key in ("collective", "topology"):
+            if not isinstance(doc.get(key), dict):
+                raise UserError(f"expected an object, got {doc.get(key)!r}", path=path, where=f"$.{key}")
         try:
             transfers = [Transfer(id=int(t["id"]), chunks=tuple(int(c) for c in t["chunks"]), src=int(t["src"]),
                                   dst=int(t["dst"]), op=str(t["op"]), send_us=float(t["send_us"]),
@@ -114,6 +118,7 @@ class Algorithm:
                        block_steps=None if doc.get("block_steps") is None else int(doc["block_steps"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"malformed algorithm file: {exc!r}", path=path) from None
+        _check_header(algo, path)
         if algo.protocol not in ("Simple", "LL128", "LL"):
             raise UserError(f"unknown protocol {algo.protocol!r}; expected Simple, LL128 or LL", path=path,
                             where="$.protocol")
@@ -134,14 +139,48 @@ class Algorithm:
         return collective_from_json(self.collective)
 
 
+def _is_count(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _check_header(algo: Algorithm, path: str | None) -> None:
+    """The "collective" and "topology" objects' fields, before anything is built from them. A rank count or
+    chunk-up beyond what the transfers reach is refused too: every rank of a built-in collective sends or
+    receives, and every chunk moves, so the file cannot be right, and building the collective's conditions
+    for 10^12 ranks would exhaust memory before any check ran."""
+    coll, topo = algo.collective, algo.topology
+
+    def refuse(message, where):
+        raise UserError(message, path=path, where=where)
+
+    if not isinstance(coll.get("name"), str):
+        refuse(f"expected the collective's name (a string), got {coll.get('name')!r}", "$.collective.name")
+    for key, low, default in (("num_ranks", 2, None), ("chunkup", 1, 1)):
+        if not _is_count(coll.get(key, default), low):
+            refuse(f"expected an integer of at least {low}, got {coll.get(key)!r}", f"$.collective.{key}")
+    if not isinstance(topo.get("name"), str):
+        refuse(f"expected the topology's name (a string), got {topo.get('name')!r}", "$.topology.name")
+    if not _is_count(topo.get("nodes"), 1):
+        refuse(f"expected a node count (an integer of at least 1), got {topo.get('nodes')!r}", "$.topology.nodes")
+    if topo.get("path") is not None and not isinstance(topo["path"], str):
+        refuse(f"expected the topology file's path (a string) or null, got {topo['path']!r}", "$.topology.path")
+    if canonical_name(coll["name"]) in NAMES and algo.transfers:
+        ranks = 1 + max(max(t.src, t.dst) for t in algo.transfers)
+        chunks = 1 + max(max(t.chunks, default=0) for t in algo.transfers)
+        if coll["num_ranks"] > ranks:
+            refuse(f"{coll['num_ranks']} ranks, but no transfer reaches a rank above {ranks - 1}",
+                   "$.collective.num_ranks")
+        if coll.get("chunkup", 1) > chunks:
+            refuse(f"chunk-up {coll['chunkup']}, but no transfer moves a chunk above {chunks - 1}",
+                   "$.collective.chunkup")
+
+
 def collective_to_json(coll: Collective) -> dict:
     doc = {"name": coll.name, "num_ranks": coll.num_ranks, "chunkup": coll.chunkup, "root": coll.root}
     if coll.form:
         doc["form"] = coll.form
     if coll.local_blocks:
         doc["local_blocks"] = coll.local_blocks
-    from .collectives import NAMES
-
     if coll.name not in NAMES:  # user-defined: keep its full definition
         doc["custom"] = {"chunks": coll.num_chunks, "precondition": sorted(map(list, coll.precondition)),
                          "postcondition": sorted(map(list, coll.postcondition))}
@@ -149,6 +188,15 @@ def collective_to_json(coll: Collective) -> dict:
 
 
 def collective_from_json(doc: dict) -> Collective:
+    """The Collective of an algorithm file's "collective" object; `UserError` naming the field when it is
+    malformed (a missing name, a rank count that is not a number, ...)."""
+    try:
+        return _collective_from_json(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"malformed collective: {exc!r}", where="$.collective") from None
+
+
+def _collective_from_json(doc: dict) -> Collective:
     if "custom" in doc:
         from .collectives import Collective as C
 

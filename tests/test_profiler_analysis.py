@@ -184,6 +184,7 @@ def test_samples_that_do_not_fit_a_line_are_reported():
     (lambda d: d["measurements"].append({"probe": "warp"}), "unknown probe"),
     (lambda d: d["measurements"].append({"probe": "p2p", "src": 9, "dst": 0}), "GPU index 9"),
     (lambda d: d["measurements"].append({"probe": "host", "gpu": 0, "samples": [[1, 2, 3]]}), "pairs"),
+    (lambda d: d.update(env=3), r"\$\.env: expected an object, got int"),  # once a traceback (a fuzz found it)
 ])
 def test_bad_samples_file(mutate, msg):
     doc, _ = generate("h100", seed=0, net=False, reps=1)

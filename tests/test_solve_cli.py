@@ -351,6 +351,37 @@ def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, caps
     assert not (tmp_path / "cycle.xml").exists()
 
 
+@pytest.mark.parametrize("field,value,needle", [
+    (("collective", "name"), None, "$.collective.name: expected the collective's name (a string), got None"),
+    (("collective", "num_ranks"), None, "$.collective.num_ranks: expected an integer of at least 2, got None"),
+    # once built before any check: the conditions of 10^12 ranks exhausted memory
+    (("collective", "num_ranks"), 10 ** 12, "$.collective.num_ranks: 1000000000000 ranks, but no transfer reaches"),
+    (("collective", "chunkup"), 10 ** 9, "$.collective.chunkup: chunk-up 1000000000, but no transfer moves"),
+    (("collective", "root"), "x", "malformed collective"),
+    (("topology",), "", "$.topology: expected an object, got ''"),
+    (("topology", "nodes"), "x", "$.topology.nodes: expected a node count (an integer of at least 1), got 'x'"),
+    (("topology", "path"), -1, "$.topology.path: expected the topology file's path (a string) or null, got -1"),
+])
+def test_lower_names_the_field_of_a_malformed_algorithm_header(tmp_path, capsys, field, value, needle):
+    """What a field-by-field fuzz of the algorithm file found: these once ended in a traceback or the OOM
+    killer."""
+    algo = tmp_path / "good.algo.json"
+    assert main(["solve", SKETCH, "-o", str(tmp_path), "--no-xml", "-q", "--name", "good"]) == 0
+    doc = json.loads(algo.read_text())
+    doc["collective"]["name"] = "broadcast" if field == ("collective", "root") else doc["collective"]["name"]
+    node = doc
+    for key in field[:-1]:
+        node = node[key]
+    node[field[-1]] = value
+    bad = tmp_path / "bad.algo.json"
+    bad.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["lower", str(bad), "-o", str(tmp_path / "bad.xml")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: " in err and needle in err and "Traceback" not in err, err
+    assert not (tmp_path / "bad.xml").exists()
+
+
 def test_a_reader_that_goes_away_stops_the_output_quietly(tmp_path):
     xml = tmp_path / "ring.xml"
     assert main(["baseline", "ring", "-t", "ndv2", "-n", "2", "-o", str(xml), "-q"]) == 0

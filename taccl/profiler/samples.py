@@ -61,6 +61,9 @@ def check_samples(doc, *, path: str | None = None) -> dict:
     for key in ("gpus", "nics", "measurements", "skipped", "errors"):
         if not isinstance(out[key], list):
             raise UserError(f"expected a list, got {type(out[key]).__name__}", path=path, where=f"$.{key}")
+    for key in ("tool", "host", "env"):
+        if out.get(key) is not None and not isinstance(out[key], dict):
+            raise UserError(f"expected an object, got {type(out[key]).__name__}", path=path, where=f"$.{key}")
     for i, g in enumerate(out["gpus"]):
         if not isinstance(g, dict) or g.get("index") != i:
             raise UserError(f"expected GPU records with \"index\": {i} in order", path=path, where=f"$.gpus[{i}]")
