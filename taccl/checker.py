@@ -434,7 +434,8 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
             if dup:
                 add(ERROR, "tb.id", f"thread-block id(s) {dup} appear twice", rank=r, line=g.line, fatal=True)
             else:
-                gaps = sorted(set(range(max(ids) + 1)) - set(ids)) if ids else []
+                # the ids a rank of ntb blocks lacks (never a range up to the largest id: it may be 10^11)
+                gaps = sorted(set(range(ntb)) - set(ids))
                 neg = [i for i in ids if i < 0]
                 add(ERROR, "tb.id", f"thread-block ids must be 0..{ntb - 1}; "
                                     f"{'negative ids ' + str(neg) if neg else 'missing ' + str(gaps[:10])}",

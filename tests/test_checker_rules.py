@@ -66,6 +66,8 @@ CASES = {
     "algo.collective": (lambda p: setattr(p, "collective", "allgatherv"), "not known to the executor runtime"),
     "gpu.chunks": (lambda p: setattr(p.gpus[1], "i_chunks", 2), "i_chunks=2"),
     "tb.id": (lambda p: setattr(tb0(p, 1), "id", 1), "ids must be 0..0"),
+    # an id of 10^11 once made the checker list every id below it (out of memory; a fuzz found it)
+    "tb.id.huge": (lambda p: setattr(tb0(p, 1), "id", 10 ** 11), "ids must be 0..0; missing [0]"),
     "tb.peer": (lambda p: setattr(tb0(p, 1), "send", 1), "is the rank itself"),
     "tb.chan": (lambda p: setattr(tb0(p, 1), "chan", 1), "chan=1 must be in 0..nchannels-1=0"),
     "tb.connection": (lambda p: p.gpus[1].threadblocks.append(Threadblock(id=1, send=2, recv=-1, chan=0, steps=[
@@ -90,7 +92,7 @@ CASES = {
 def test_rule_violation_is_reported(rule):
     fn, text = CASES[rule]
     rep = check_program(mutate(fn))
-    f = assert_only(rep, rule)
+    f = assert_only(rep, rule.removesuffix(".huge"))
     assert text in f.message, str(f)
     assert not rep.ok and not rep.proven
 

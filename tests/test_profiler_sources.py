@@ -1,6 +1,7 @@
 """Offline sources: `nvidia-smi topo -m` texts and NCCL topology XML of common systems (see
 tests/data/profiler/SOURCES.md), and refining them with measurements."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,10 @@ def test_bad_nccl_xml():
         nccl_xml.parse_text("<system>", path="x.xml")
     with pytest.raises(UserError, match="expected <system>"):
         nccl_xml.parse_text("<graphs/>", path="x.xml")
+    dump = (DATA / "nccl" / "dgx-a100-dump.xml").read_text()
+    for count in ("1.5", "", "-2", "0"):  # once a ValueError traceback (a fuzz found it)
+        with pytest.raises(UserError, match=f'<nvlink count="{count}"> of GPU 0000:07:00.0: expected a whole number'):
+            nccl_xml.parse_text(re.sub(r'(<nvlink[^>]*count=")\d+"', rf'\g<1>{count}"', dump, count=1), path="x.xml")
 
 
 def test_refine_nccl_structure_with_measurements():

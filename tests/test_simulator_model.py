@@ -175,6 +175,13 @@ def test_missing_link_names_rank_tb_step():
         simulate(one_send(), t, 1000)
 
 
+def test_a_program_without_chunks_is_refused_not_divided_by():
+    p = one_send()
+    p.nchunksperloop = 0  # `taccl check` refuses it; the simulator once divided by it (a fuzz found it)
+    with pytest.raises(UserError, match="nchunksperloop=0 must be at least 1"):
+        simulate(p, topo([(0, 1)], alpha=1.0, bw=1.0, oneway=True), 1000)
+
+
 def test_fused_and_unfused_consistent():
     t = load_topology("ndv2", 1)
     fused = build("ring", t, "allreduce")

@@ -97,7 +97,11 @@ def parse_text(text: str, *, path: str | None = None) -> NodeFacts:
         sm = el.get("sm")
         sms.append(int(sm) if sm and sm.isdigit() else None)
         for nl in el.findall("nvlink"):
-            cnt = int(nl.get("count", "1"))
+            raw = nl.get("count", "1")
+            if not raw.isdigit() or int(raw) < 1:
+                raise UserError(f"<nvlink count=\"{raw}\"> of GPU {g['busid']}: expected a whole number of NVLinks, "
+                                f"at least 1", path=path)
+            cnt = int(raw)
             tgt = (nl.get("target") or "").lower()
             if nl.get("tclass", "").lower() == NVSWITCH_CLASS:
                 to_switch[i] = to_switch.get(i, 0) + cnt
