@@ -38,7 +38,7 @@ link raises `UserError` (``direct`` on an NDv2 node, whose GPUs are not all join
 """
 from __future__ import annotations
 
-from .collectives import canonical_name, make_collective
+from .collectives import canonical_name
 from .dsl import DSLProgram
 from .errors import UserError
 from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
@@ -508,8 +508,9 @@ def operations(name: str, topology, collective_name: str, *, chunks: bool = Fals
         # then sends the sum to every peer
         return {"alltoall": pairs + R, "allgather": pairs + R, "reducescatter": 2 * pairs + R,
                 "allreduce": 3 * pairs + R}[coll]
-    # double-binary-tree: every chunk is reduced up one tree and broadcast down it, R - 1 operations each way
-    return 2 * (R - 1) * make_collective(coll, R, 1).num_chunks
+    # double-binary-tree (AllReduce, whose R chunks are counted, not built: R may be huge): every chunk is
+    # reduced up one tree and broadcast down it, R - 1 operations each way
+    return 2 * (R - 1) * R
 
 
 def applicable(name: str, topology, collective_name: str) -> bool:

@@ -337,6 +337,17 @@ def test_sketch_that_does_not_fit_the_topology_is_a_sku_error(tmp_path):
         load_sku(path)
 
 
+def test_a_sku_too_large_for_this_machine_loads_and_plans_without_building_its_collectives(tmp_path, capsys):
+    """10^12 nodes: the sketch's fit and a tree baseline's operation count once built the collective itself
+    (the OOM killer ended a --dry-run; a fuzz found it). Its jobs say what they need when they run."""
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"topology: ndv2\nnodes: [1000000000000]\ncollectives: [allreduce]\ncandidates:\n"
+                    f"  - sketch: {SKETCH}\n")
+    assert main(["batch", str(path), "--dry-run", "-o", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "double-binary-tree allreduce x1000000000000" in out and "synthesis" in out
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "sketches" / "skus").glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_skus_load_and_plan(path):
     sku = load_sku(path)

@@ -279,11 +279,19 @@ def load_sku(path) -> Sku:
 
 def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:
     """Why the sketch cannot be used on `nodes` nodes of `spec` (relay GPUs, switches, symmetry), or None."""
+    from ..budget import check_shape_memory
     from ..synthesize import build_problems, sketch_collective
     from ..topology import Topology
 
     try:
         topo = Topology(spec, nodes)
+    except UserError as exc:
+        return str(exc)
+    try:  # the check builds the collective: not where that alone would exhaust this machine's memory
+        check_shape_memory(collective, topo.num_ranks, sketch.chunkup, None, form=sketch.allreduce_form)
+    except UserError:
+        return None  # its jobs say so when they run, on this machine (a Ray cluster's may be larger)
+    try:
         coll = sketch_collective(sketch, collective, topo)
         build_problems(sketch, topo, coll, 1 << 20)
     except UserError as exc:
