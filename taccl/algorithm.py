@@ -24,11 +24,11 @@ collectives, every contribution is summed exactly once).
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 
-from .collectives import (NAMES, Collective, add_contributions, canonical_name, contribution, make_collective, mask_of,
-                          ranks_in)
+from .collectives import (NAMES, Collective, add_contributions, canonical_name, contribution, custom_collective,
+                          make_collective, mask_of, ranks_in)
 from .errors import CheckFailed, UserError
 
 FORMAT = "taccl.algorithm/1"
@@ -198,19 +198,9 @@ def collective_from_json(doc: dict) -> Collective:
 
 def _collective_from_json(doc: dict) -> Collective:
     if "custom" in doc:
-        from .collectives import Collective as C
-
         cu = doc["custom"]
-        pre = frozenset(map(tuple, cu["precondition"]))
-        post = frozenset(map(tuple, cu["postcondition"]))
-        inp, count = {}, Counter()
-        for c, r in sorted(pre):
-            inp[(c, r)] = count[r]
-            count[r] += 1
-        return C(name=doc["name"], num_ranks=doc["num_ranks"], chunkup=1, num_chunks=cu["chunks"], precondition=pre,
-                 postcondition=post, labels=[(c,) for c in range(cu["chunks"])], input_index=inp,
-                 output_index={(c, r): c for c, r in post}, input_chunks=max(count.values(), default=0),
-                 output_chunks=cu["chunks"])
+        return custom_collective(doc["name"], doc["num_ranks"], cu["chunks"], set(map(tuple, cu["precondition"])),
+                                 set(map(tuple, cu["postcondition"])))
     return make_collective(doc["name"], doc["num_ranks"], doc.get("chunkup", 1), root=doc.get("root") or 0,
                            form=doc.get("form", ""), local_blocks=doc.get("local_blocks", 0))
 

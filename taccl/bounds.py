@@ -92,7 +92,8 @@ from .collectives import NAMES, canonical_name
 from .errors import UserError
 from .topology import PROTOCOLS
 
-__all__ = ["lower_bounds", "lower_bound", "allreduce_optimum", "rank_volumes", "node_volumes"]
+__all__ = ["lower_bounds", "lower_bound", "allreduce_optimum", "rank_volumes", "node_volumes", "custom_lower_bounds",
+           "custom_lower_bound"]
 
 INF = float("inf")
 
@@ -212,24 +213,41 @@ def _smallest_intra_alpha(intra: list) -> float:
     return min((intra[a][b] for a in range(len(intra)) for b in range(len(intra)) if a != b), default=INF)
 
 
-def _latency_bound(topology, collective: str, root: int, proto: str, intra: list) -> float:
-    spec = topology.spec
-    n = spec.gpus_per_node
-    nodes = topology.nodes
-    # Crossing nodes: every GPU has a NIC, so the best path is (intra to some x) + x's NIC alpha (+ 0 inside
-    # the destination node when landing on the destination itself).
-    nic_alpha = [INF] * n
-    if nodes > 1:
-        for _, gpus, tname in spec.nics:
+def _nic_alphas(topology, proto: str) -> list:
+    """Per local GPU, the alpha of its NIC (infinite on one node, or without one)."""
+    nic_alpha = [INF] * topology.gpus_per_node
+    if topology.nodes > 1:
+        for _, gpus, tname in topology.spec.nics:
             for g in gpus:
-                nic_alpha[g] = spec.link_types[tname].cost(proto).alpha_us
-    out_cross = [min((intra[a][x] + nic_alpha[x] for x in range(n)), default=INF) for a in range(n)]
+                nic_alpha[g] = topology.spec.link_types[tname].cost(proto).alpha_us
+    return nic_alpha
 
+
+def _rank_distance(topology, intra: list, out_cross: list):
+    """The smallest alpha sum from one rank to another: inside a node the all-pairs one (`intra`), to
+    another node `out_cross` of the local source (`_cross_alphas`)."""
     def dist(a_rank, b_rank):
         a, b = topology.local(a_rank), topology.local(b_rank)
         if topology.node_of(a_rank) == topology.node_of(b_rank):
             return intra[a][b]
         return out_cross[a]
+
+    return dist
+
+
+def _cross_alphas(intra: list, nic_alpha: list) -> list:
+    """Per local GPU, the smallest alpha sum to another node: every GPU has a NIC, so the best path is (intra
+    to some x) + x's NIC alpha (+ 0 inside the destination node when landing on the destination itself)."""
+    n = len(nic_alpha)
+    return [min((intra[a][x] + nic_alpha[x] for x in range(n)), default=INF) for a in range(n)]
+
+
+def _latency_bound(topology, collective: str, root: int, proto: str, intra: list) -> float:
+    n = topology.gpus_per_node
+    nodes = topology.nodes
+    nic_alpha = _nic_alphas(topology, proto)
+    out_cross = _cross_alphas(intra, nic_alpha)
+    dist = _rank_distance(topology, intra, out_cross)
 
     c = _canon(collective)
     R = topology.num_ranks
@@ -313,6 +331,43 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
     flow = _alltoall_flow_bound(topology, size_bytes, p) if c == "alltoall" and R > 1 else 0.0
     return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "flow_us": flow, "latency_us": latency,
             "fanout_us": fanout, "call_us": topology.spec.call_us.get(p, 0.0) if R > 1 else 0.0, "proto": p}
+
+
+def custom_lower_bounds(topology, coll, chunk_bytes: float, proto: str) -> dict:
+    """`lower_bounds` of a user-defined collective (`taccl.collectives.load_custom_collective`: chunks are
+    copied, never reduced), from its pre- and postcondition: a rank receives at least the chunks its
+    postcondition has and its precondition lacks (ingress); a chunk that one rank alone holds and another
+    needs leaves that rank at least once (egress); and a needed chunk travels at least the alpha distance from
+    its nearest holder (latency). Per GPU, without the NIC-sharing groups and cut of the built-in ones."""
+    p = str(getattr(proto, "value", proto))
+    multi = topology.nodes > 1
+    ins, outs = _local_resources(topology.spec, multi, p)
+    intra = _intra_alpha_apsp(topology, p)
+    dist = _rank_distance(topology, intra, _cross_alphas(intra, _nic_alphas(topology, p)))
+    holders, wanted = {}, {}
+    for c, r in coll.precondition:
+        holders.setdefault(c, set()).add(r)
+    for c, r in coll.postcondition:
+        wanted.setdefault(c, set()).add(r)
+    receive, send, latency = {}, {}, 0.0
+    for c, dsts in wanted.items():
+        have = holders.get(c, set())
+        missing = dsts - have
+        for d in missing:
+            receive[d] = receive.get(d, 0) + 1
+            latency = max(latency, min((dist(h, d) for h in have), default=INF))
+        if missing and len(have) == 1:
+            (h,) = have
+            send[h] = send.get(h, 0) + 1
+    ingress = max((_port_bound(k * chunk_bytes, ins[topology.local(r)]) for r, k in receive.items()), default=0.0)
+    egress = max((_port_bound(k * chunk_bytes, outs[topology.local(r)]) for r, k in send.items()), default=0.0)
+    return {"ingress_us": ingress, "egress_us": egress, "cut_us": 0.0, "flow_us": 0.0, "latency_us": latency,
+            "fanout_us": 0.0, "call_us": topology.spec.call_us.get(p, 0.0) if receive else 0.0, "proto": p}
+
+
+def custom_lower_bound(topology, coll, chunk_bytes: float, proto: str) -> float:
+    """The call cost plus the largest of `custom_lower_bounds`."""
+    return _total(custom_lower_bounds(topology, coll, chunk_bytes, proto))
 
 
 def _fanout_bound(topology, collective: str, size_bytes: float, proto: str, intra: list) -> float:

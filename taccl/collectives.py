@@ -269,12 +269,20 @@ def load_custom_collective(path, num_ranks: int) -> Collective:
             needed = [r for cc, r in conds["postcondition"] if cc == c]
             if needed:
                 raise UserError(f"chunk {c} is needed on ranks {needed} but starts nowhere", path=p, where="$.precondition")
+    return custom_collective(str(doc.get("name", "custom")), R, C, conds["precondition"], conds["postcondition"])
+
+
+def custom_collective(name: str, num_ranks: int, chunks: int, precondition, postcondition) -> Collective:
+    """A user-defined collective: each chunk's input index on a rank is its place among that rank's
+    precondition chunks, its output index the chunk's id. Both buffers hold `chunks` chunks: legacy MSCCL,
+    the one runtime that runs a `custom` collective, cuts each into nchunksperloop chunks (i_chunks =
+    o_chunks = nchunksperloop), so a rank's input is as large as its output, its first chunks addressed."""
     inp, count = {}, {}
-    for c, r in sorted(conds["precondition"]):
+    for c, r in sorted(precondition):
         inp[(c, r)] = count.get(r, 0)
         count[r] = count.get(r, 0) + 1
-    out = {(c, r): c for c, r in conds["postcondition"]}
-    return Collective(name=str(doc.get("name", "custom")), num_ranks=R, chunkup=1, num_chunks=C,
-                      precondition=conds["precondition"], postcondition=conds["postcondition"],
-                      labels=[(c,) for c in range(C)], input_index=inp, output_index=out,
-                      input_chunks=max(count.values(), default=0), output_chunks=C, label_rank_slots=())
+    return Collective(name=name, num_ranks=num_ranks, chunkup=1, num_chunks=chunks,
+                      precondition=frozenset(precondition), postcondition=frozenset(postcondition),
+                      labels=[(c,) for c in range(chunks)], input_index=inp,
+                      output_index={(c, r): c for c, r in postcondition}, input_chunks=chunks, output_chunks=chunks,
+                      label_rank_slots=())

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from . import solver as milp
 from .algorithm import Algorithm, Transfer, collective_to_json, verify
-from .bounds import lower_bound, lower_bounds
+from .bounds import custom_lower_bound, custom_lower_bounds, lower_bound, lower_bounds
 from .budget import check_memory, check_shape_memory
-from .collectives import Collective, canonical_name, check_known, load_custom_collective, make_collective
+from .collectives import NAMES, Collective, canonical_name, check_known, load_custom_collective, make_collective
 from .contiguity import contiguity
 from .errors import UserError
 from .ordering import Task, best_schedule, rotation_turns
@@ -448,8 +448,12 @@ def _finish(algo: Algorithm, topo, coll, size, prob: Problem) -> None:
     algo.protocol, algo.instances, algo.block_steps = prob.proto, prob.instances, prob.sketch.block_steps
     algo.call_us = topo.spec.call_us.get(prob.proto, 0.0)
     algo.time_us += algo.call_us
-    algo.lower_bounds = lower_bounds(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
-    algo.lower_bound_us = lower_bound(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
+    if canonical_name(coll.name) in NAMES:
+        algo.lower_bounds = lower_bounds(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
+        algo.lower_bound_us = lower_bound(topo, coll.name, size, root=coll.root or 0, proto=prob.proto)
+    else:  # a user-defined collective: bounded from its pre- and postcondition
+        algo.lower_bounds = custom_lower_bounds(topo, coll, prob.chunk_bytes, prob.proto)
+        algo.lower_bound_us = custom_lower_bound(topo, coll, prob.chunk_bytes, prob.proto)
 
 
 def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched) -> Algorithm:
@@ -520,4 +524,6 @@ def synthesize_file(path, **kw) -> Algorithm:
 def default_name(sketch: Sketch, collective: str | None) -> str:
     base = Path(sketch.path).name.removesuffix(".json") if sketch.path else sketch.name
     base = sketch.name if sketch.name and sketch.name != "sketch" else base
+    if collective and collective.endswith(".json"):  # a custom collective's file: its name, not its path
+        collective = Path(collective).name.removesuffix(".json")
     return f"{base}-{collective}" if collective and collective != sketch.collective else base

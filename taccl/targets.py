@@ -32,7 +32,7 @@ from .program import Program, StepType
 
 __all__ = ["Target", "TARGETS", "DEFAULT_TARGET", "ROOTED", "LEGACY_MAX_FILES", "get_target", "target_problems",
            "rooted_problem", "add_target_argument", "target_of_args", "prepare_for_target", "load_order",
-           "directory_problems", "lowered_for", "check_dialect"]
+           "directory_problems", "lowered_for", "check_dialect", "check_custom_target"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,14 @@ def rooted_problem(program: Program, target: Target) -> str | None:
     return (f"a {program.collective} program for root {root}: {target.name} does not read root and would run it "
             f"for calls of every root, with a wrong result for all but root {root}; only taccl's runtime "
             f"matches the root")
+
+
+def check_custom_target(target: Target, *, where: str = "--target") -> None:
+    """A user-defined collective is written as coll="custom", which legacy MSCCL alone runs
+    (`ncclCustomCollective`): refuse any other target before any work."""
+    if target.dialect != "legacy":
+        raise UserError(f"a user-defined collective runs only on legacy MSCCL (coll=\"custom\", through "
+                        f"ncclCustomCollective), not on {target.name}: pass --target msccl-legacy", where=where)
 
 
 def lowered_for(target: Target) -> str:

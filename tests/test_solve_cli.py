@@ -449,3 +449,34 @@ def test_output_to_a_full_disk_and_stray_bytes_get_a_message(tmp_path):
     for path in (name, odd):
         assert main(["check", "-q", str(path)]) == 0
         assert main(["run", str(path), "--size", "64K", "--check"]) == 0
+
+
+def test_a_user_defined_collective_is_solved_lowered_and_written_for_legacy_msccl(tmp_path, capsys):
+    """--collective FILE.json (README, `load_custom_collective`) once failed on every path: its default output
+    name held the file's path, the lower bound knew only built-in collectives, and the lowering proved and
+    fingerprinted in the executor's dialect, which has no coll="custom"."""
+    R = 16
+    custom = tmp_path / "swap-nodes.json"  # every rank's chunk to the same GPU of the other node
+    custom.write_text(json.dumps({"name": "swap-nodes", "num_ranks": R, "chunks": R,
+                                  "precondition": [[c, c] for c in range(R)],
+                                  "postcondition": [[c, (c + 8) % R] for c in range(R)]}))
+    sketch = json.loads(Path(SKETCH).read_text())
+    # without the sketch's rotation, which the solver refuses for this collective (it names no chunk's owner)
+    del sketch["symmetry_offsets"]
+    sketch["name"] = "nosym"
+    sketch_path = tmp_path / "nosym.json"
+    sketch_path.write_text(json.dumps(sketch))
+    out = tmp_path / "out"
+    argv = ["solve", str(sketch_path), "--collective", str(custom), "-o", str(out), "-q", "--time-limit", "10"]
+    assert main(argv) == 2  # the executor has no custom collectives: refused before any work
+    assert "--target: a user-defined collective runs only on legacy MSCCL" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(argv + ["--target", "msccl-legacy"]) == 0
+    algo = json.loads((out / "nosym-swap-nodes.algo.json").read_text())
+    assert 0 < algo["lower_bound_us"] <= algo["time_us"] and algo["lower_bounds"]["ingress_us"] > 0
+    xml = (out / "nosym-swap-nodes.xml").read_text()
+    assert 'coll="custom"' in xml and f'nchunksperloop="{R}"' in xml and f'i_chunks="{R}"' in xml
+    assert main(["check", str(out / "nosym-swap-nodes.xml"), "--target", "msccl-legacy", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["lower", str(out / "nosym-swap-nodes.algo.json"), "-o", str(tmp_path / "l.xml")]) == 2
+    assert "runs only on legacy MSCCL" in capsys.readouterr().err and not (tmp_path / "l.xml").exists()

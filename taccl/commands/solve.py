@@ -9,7 +9,7 @@ from ..fileio import check_output_dir, check_output_name, write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import SOLVERS
-from ..targets import add_target_argument, prepare_for_target, target_of_args
+from ..targets import add_target_argument, check_custom_target, prepare_for_target, target_of_args
 from ..units import SIZE_HELP, parse_size
 
 
@@ -73,6 +73,8 @@ def run(args) -> int:
                             stall_s=args.stall,
                             max_memory_bytes=None if args.max_memory is None else parse_size(args.max_memory,
                                                                                            where="--max-memory"))
+    if not args.no_xml and (args.collective.endswith(".json") if args.collective else sketch.collective_file):
+        check_custom_target(target)
     name = check_output_name(args.name or default_name(sketch, args.collective), suffix=".algo.json")
     out = check_output_dir(args.output)
     algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,

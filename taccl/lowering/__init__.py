@@ -742,19 +742,29 @@ _PROVEN: dict = {}  # sha256 of the executor-dialect text -> True, for programs 
 
 
 def _fingerprint(program: Program, text: str | None = None) -> str:
-    """The program's content: sha256 of its executor-dialect text (`text`, when the caller has it)."""
+    """The program's content: sha256 of its text in `_own_dialect` (`text`, when the caller has it)."""
     if text is None:
         from ..xmlio import program_to_xml
 
-        text = program_to_xml(program, dialect="executor")
+        text = program_to_xml(program, dialect=_own_dialect(program))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def verify_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None,
+def _own_dialect(program: Program) -> str:
+    """The executor's dialect, except for a user-defined collective (`custom`), which legacy MSCCL alone runs
+    (`ncclCustomCollective`) and only its dialect can say."""
+    from ..xmlio import EXECUTOR_COLLECTIVES
+
+    return "executor" if program.collective in EXECUTOR_COLLECTIVES else "legacy"
+
+
+def verify_program(program: Program, *, dialect: str | None = None, max_steps: int | None = None,
                    max_nodes: int = MAX_NODES):
-    """Run the checker; remember the program's content when it is proven (with the dialect's own limits)."""
+    """Run the checker (in `dialect`, by default `_own_dialect`); remember the program's content when it is
+    proven (with the executor's own limits)."""
     from ..checker import check_program
 
+    dialect = dialect or _own_dialect(program)
     report = check_program(program, dialect=dialect, sm_count=max(DEFAULT_MAX_TBS, program.max_threadblocks),
                            max_steps=max_steps, max_nodes=max_nodes)
     if report.ok and dialect == "executor" and max_steps is None and max_nodes == MAX_NODES:
