@@ -231,6 +231,9 @@ def make_collective(name: str, num_ranks: int, chunkup: int = 1, *, root: int = 
                       local_blocks=local_blocks)
 
 
+MAX_CUSTOM_CHUNKS = 1 << 20  # the largest nchunksperloop runtime/src/program.cc reads (a custom program's = its chunks)
+
+
 def load_custom_collective(path, num_ranks: int) -> Collective:
     """A user-defined non-combining collective from JSON.
 
@@ -245,12 +248,16 @@ def load_custom_collective(path, num_ranks: int) -> Collective:
     for key in ("chunks", "precondition", "postcondition"):
         if key not in doc:
             raise UserError(f"missing required key {key!r}", path=p, where="$")
-    R = int(doc.get("num_ranks", num_ranks))
+    R = doc.get("num_ranks", num_ranks)
+    if not isinstance(R, int) or isinstance(R, bool):
+        raise UserError(f"expected the number of ranks (an integer), got {R!r}", path=p, where="$.num_ranks")
     if R != num_ranks:
         raise UserError(f"collective is for {R} ranks but the topology has {num_ranks}", path=p, where="$.num_ranks")
     C = doc["chunks"]
-    if not isinstance(C, int) or C < 1:
-        raise UserError("expected a positive integer", path=p, where="$.chunks")
+    if not isinstance(C, int) or isinstance(C, bool) or not 1 <= C <= MAX_CUSTOM_CHUNKS:
+        raise UserError(f"expected a whole number of chunks from 1 to {MAX_CUSTOM_CHUNKS} (a custom program's "
+                        f"nchunksperloop is its chunk count; taccl's runtime reads up to that), got {C!r}", path=p,
+                        where="$.chunks")
     conds = {}
     for key in ("precondition", "postcondition"):
         pairs = set()
@@ -264,11 +271,10 @@ def load_custom_collective(path, num_ranks: int) -> Collective:
                 raise UserError(f"rank {r} outside 0..{R - 1}", path=p, where=f"$.{key}[{i}]")
             pairs.add((c, r))
         conds[key] = frozenset(pairs)
-    for c in range(C):
-        if not any(cc == c for cc, _ in conds["precondition"]):
-            needed = [r for cc, r in conds["postcondition"] if cc == c]
-            if needed:
-                raise UserError(f"chunk {c} is needed on ranks {needed} but starts nowhere", path=p, where="$.precondition")
+    starts = {c for c, _ in conds["precondition"]}
+    for c in sorted({c for c, _ in conds["postcondition"]} - starts)[:1]:
+        needed = sorted(r for cc, r in conds["postcondition"] if cc == c)
+        raise UserError(f"chunk {c} is needed on ranks {needed} but starts nowhere", path=p, where="$.precondition")
     return custom_collective(str(doc.get("name", "custom")), R, C, conds["precondition"], conds["postcondition"])
 
 

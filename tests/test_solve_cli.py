@@ -480,3 +480,19 @@ def test_a_user_defined_collective_is_solved_lowered_and_written_for_legacy_mscc
     capsys.readouterr()
     assert main(["lower", str(out / "nosym-swap-nodes.algo.json"), "-o", str(tmp_path / "l.xml")]) == 2
     assert "runs only on legacy MSCCL" in capsys.readouterr().err and not (tmp_path / "l.xml").exists()
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"num_ranks": "x"}, "$.num_ranks: expected the number of ranks (an integer), got 'x'"),  # was a traceback
+    ({"chunks": 10 ** 12}, "$.chunks: expected a whole number of chunks from 1 to 1048576"),  # was a hang
+    ({"precondition": [[c, c] for c in range(1, 16)]}, "$.precondition: chunk 0 is needed on ranks [8]"),
+])
+def test_a_malformed_user_defined_collective_names_its_field(tmp_path, capsys, change, needle):
+    R = 16
+    doc = {"name": "swap-nodes", "num_ranks": R, "chunks": R, "precondition": [[c, c] for c in range(R)],
+           "postcondition": [[c, (c + 8) % R] for c in range(R)], **change}
+    custom = tmp_path / "bad.json"
+    custom.write_text(json.dumps(doc))
+    assert main(["solve", SKETCH, "--collective", str(custom), "--no-xml", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{custom}: {needle}" in err and "Traceback" not in err, err
