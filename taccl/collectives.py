@@ -261,6 +261,8 @@ def load_custom_collective(path, num_ranks: int) -> Collective:
     conds = {}
     for key in ("precondition", "postcondition"):
         pairs = set()
+        if not isinstance(doc[key], list):
+            raise UserError(f"expected a list of [chunk, rank] pairs, got {doc[key]!r}", path=p, where=f"$.{key}")
         for i, pr in enumerate(doc[key]):
             if not (isinstance(pr, list) and len(pr) == 2 and all(isinstance(x, int) for x in pr)):
                 raise UserError("expected [chunk, rank]", path=p, where=f"$.{key}[{i}]")

@@ -486,6 +486,7 @@ def test_a_user_defined_collective_is_solved_lowered_and_written_for_legacy_mscc
     ({"num_ranks": "x"}, "$.num_ranks: expected the number of ranks (an integer), got 'x'"),  # was a traceback
     ({"chunks": 10 ** 12}, "$.chunks: expected a whole number of chunks from 1 to 1048576"),  # was a hang
     ({"precondition": [[c, c] for c in range(1, 16)]}, "$.precondition: chunk 0 is needed on ranks [8]"),
+    ({"postcondition": 0}, "$.postcondition: expected a list of [chunk, rank] pairs, got 0"),  # was a traceback
 ])
 def test_a_malformed_user_defined_collective_names_its_field(tmp_path, capsys, change, needle):
     R = 16
