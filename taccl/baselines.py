@@ -459,7 +459,8 @@ def build_protocols(name: str, topology, collective_name: str, protocols, *, chu
     once and lowered once where the protocol changes nothing (`DSLProgram.lower_protocols`)."""
     from .budget import check_baseline_memory
 
-    check_baseline_memory(name, topology, collective_name, instances, max_memory_bytes, source=max_memory_source)
+    check_baseline_memory(name, topology, collective_name, instances, max_memory_bytes, chunkup=chunkup,
+                          source=max_memory_source)
     channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own
     prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels)
     limits = dict(max_steps=REFERENCE_MAX_STEPS, max_nodes=REFERENCE_MAX_NODES) if reference else {}

@@ -25,6 +25,9 @@ BYTES_PER_TRANSFER = 5 << 9  # 2.5 KiB
 # A baseline's program per step: 64x DGX H100 ring AllGather, 2.10 M steps, peaked at 6.84 GB built, written
 # as XML, read back and simulated (3.3 KB a step, the interpreter included)
 BYTES_PER_BASELINE_STEP = 3 << 10
+# A built collective per (chunk, rank) pair of its conditions: make_collective('allgather', 8, 20000), 1.28 M
+# postcondition pairs, peaked 411 MB above the interpreter
+BYTES_PER_COLLECTIVE_PAIR = 300
 
 
 def min_transfers(coll: Collective) -> int:
@@ -102,10 +105,11 @@ def _check_transfers(transfers: int, what: str, limit_bytes: int | None, path, s
 
 
 def check_baseline_memory(name: str, topology, collective_name: str, instances: int, limit_bytes: int | None, *,
-                          source: str = "--max-memory") -> None:
+                          chunkup: int = 1, source: str = "--max-memory") -> None:
     """Raise `UserError` when building, proving and simulating a baseline needs more than `limit_bytes` (None:
     this machine's memory): a 1024-rank ring makes millions of steps, every one a Python object until the
-    simulator has run."""
+    simulator has run, and its collective holds R x R x chunkup (chunk, rank) pairs (a chunk-up of 10^20 was
+    killed for memory)."""
     from .baselines import operations
 
     limit = limit_bytes
@@ -113,16 +117,20 @@ def check_baseline_memory(name: str, topology, collective_name: str, instances: 
         limit, source = machine_memory_bytes(), "this machine's memory"
     if limit is None:
         return
-    if instances > 1:
-        steps = operations(name, topology, collective_name, chunks=True) * instances
+    if instances > 1:  # every operation cut into single chunks, each on every instance
+        steps = operations(name, topology, collective_name, chunks=True) * instances * chunkup
     else:
         steps = operations(name, topology, collective_name)
-    need = BYTES_PER_BASELINE_STEP * steps  # (without the interpreter's base: a low estimate)
+    pairs = shape_min_transfers(collective_name, topology.num_ranks, chunkup)
+    # (without the interpreter's base: a low estimate)
+    need = BYTES_PER_BASELINE_STEP * steps + BYTES_PER_COLLECTIVE_PAIR * pairs
     if need > limit:
         raise UserError(f"baseline {name!r} for {collective_name} on {topology.num_ranks} ranks"
-                        f"{f' in {instances} instances' if instances > 1 else ''} makes about {steps:,} steps: "
-                        f"building, proving and simulating it needs about {gib(need)} of memory, more than the "
-                        f"{gib(limit)} of {source}. Use fewer nodes or instances, or leave this baseline out")
+                        f"{f' in {instances} instances' if instances > 1 else ''}"
+                        f"{f' at chunk-up {chunkup}' if chunkup > 1 else ''} makes about {steps:,} steps over "
+                        f"{pairs:,} (chunk, rank) pairs: building, proving and simulating it needs about {gib(need)} "
+                        f"of memory, more than the {gib(limit)} of {source}. Use fewer nodes, instances or chunks, "
+                        f"or leave this baseline out")
 
 
 def gib(nbytes: int) -> str:

@@ -38,10 +38,14 @@ def test_baseline_proven(tname, nodes, name, coll):
 def test_a_baseline_that_cannot_fit_in_memory_is_refused_before_it_is_traced():
     # 128x DGX H100: a ring AllGather has 8.4 M operations (a minute and gigabytes to trace); refused at once
     t = load_topology("dgx-h100", 128)
-    with pytest.raises(UserError, match=r"about 8,388,608 steps.*24\.0 GiB of memory, more than the 8\.0 GiB of "
-                                        r"a test's limit"):
+    with pytest.raises(UserError, match=r"about 8,388,608 steps over 1,047,552 \(chunk, rank\) pairs.*24\.3 GiB of "
+                                        r"memory, more than the 8\.0 GiB of a test's limit"):
         build("ring", t, "allgather", reference=True, max_memory_bytes=8 << 30, max_memory_source="a test's limit")
     check_baseline_memory("hierarchical", t, "allreduce", 1, 8 << 30)  # 274,432 operations: passes
+    # a chunk-up of 10^20 on one node: a few steps, but a collective of 5.6 x 10^21 pairs (once killed for memory)
+    with pytest.raises(UserError, match=r"at chunk-up 100000000000000000000 makes about 64 steps over "
+                                        r"5,600,000,000,000,000,000,000 \(chunk, rank\) pairs"):
+        build("ring", load_topology("ndv2", 1), "allgather", chunkup=10 ** 20)
 
 
 @pytest.mark.parametrize("name,coll", [("ring", "allreduce"), ("direct", "alltoall"), ("two-step", "alltoall")])
