@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from .collectives import (NAMES, Collective, add_contributions, canonical_name, contribution, custom_collective,
                           make_collective, mask_of, ranks_in)
 from .errors import CheckFailed, UserError
+from .fileio import is_count
 
 FORMAT = "taccl.algorithm/1"
 EPS_US = 1e-6
@@ -139,10 +140,6 @@ class Algorithm:
         return collective_from_json(self.collective)
 
 
-def _is_count(v, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
 def _check_header(algo: Algorithm, path: str | None) -> None:
     """The "collective" and "topology" objects' fields, before anything is built from them. A rank count or
     chunk-up beyond what the transfers reach is refused too: every rank of a built-in collective sends or
@@ -156,11 +153,11 @@ def _check_header(algo: Algorithm, path: str | None) -> None:
     if not isinstance(coll.get("name"), str):
         refuse(f"expected the collective's name (a string), got {coll.get('name')!r}", "$.collective.name")
     for key, low, default in (("num_ranks", 2, None), ("chunkup", 1, 1)):
-        if not _is_count(coll.get(key, default), low):
+        if not is_count(coll.get(key, default), low):
             refuse(f"expected an integer of at least {low}, got {coll.get(key)!r}", f"$.collective.{key}")
     if not isinstance(topo.get("name"), str):
         refuse(f"expected the topology's name (a string), got {topo.get('name')!r}", "$.topology.name")
-    if not _is_count(topo.get("nodes"), 1):
+    if not is_count(topo.get("nodes"), 1):
         refuse(f"expected a node count (an integer of at least 1), got {topo.get('nodes')!r}", "$.topology.nodes")
     if topo.get("path") is not None and not isinstance(topo["path"], str):
         refuse(f"expected the topology file's path (a string) or null, got {topo['path']!r}", "$.topology.path")

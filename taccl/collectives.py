@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import UserError
-from .fileio import load_json
+from .fileio import is_count, load_json
 
 NAMES = ("allgather", "alltoall", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter")
 ALIASES = {"reduce_scatter": "reducescatter", "all_gather": "allgather", "all_reduce": "allreduce",
@@ -249,12 +249,12 @@ def load_custom_collective(path, num_ranks: int) -> Collective:
         if key not in doc:
             raise UserError(f"missing required key {key!r}", path=p, where="$")
     R = doc.get("num_ranks", num_ranks)
-    if not isinstance(R, int) or isinstance(R, bool):
+    if not is_count(R):
         raise UserError(f"expected the number of ranks (an integer), got {R!r}", path=p, where="$.num_ranks")
     if R != num_ranks:
         raise UserError(f"collective is for {R} ranks but the topology has {num_ranks}", path=p, where="$.num_ranks")
     C = doc["chunks"]
-    if not isinstance(C, int) or isinstance(C, bool) or not 1 <= C <= MAX_CUSTOM_CHUNKS:
+    if not is_count(C, 1, MAX_CUSTOM_CHUNKS):
         raise UserError(f"expected a whole number of chunks from 1 to {MAX_CUSTOM_CHUNKS} (a custom program's "
                         f"nchunksperloop is its chunk count; taccl's runtime reads up to that), got {C!r}", path=p,
                         where="$.chunks")

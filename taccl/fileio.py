@@ -28,6 +28,13 @@ def read_text(path, *, errors: str = "strict") -> str:
         raise UserError(f"cannot read: {exc}", path=str(path)) from None
 
 
+def is_count(value, low: int | None = None, high: int | None = None) -> bool:
+    """Whether a parsed field is a whole number, from `low` to `high` where given (JSON's true and false are
+    not)."""
+    return (isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+            and (high is None or value <= high))
+
+
 def load_json(path):
     """Parse a JSON file; a syntax error names its line and column."""
     text = read_text(path)

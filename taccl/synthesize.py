@@ -74,10 +74,9 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     n = nodes or sketch.nodes or 1
     topo = Topology(spec, n)
     name = collective or sketch.collective or "allgather"
-    if sketch.collective_file and not collective:
-        coll = load_custom_collective(sketch.collective_file, topo.num_ranks)
-    elif name.endswith(".json"):
-        coll = load_custom_collective(name, topo.num_ranks)
+    custom = custom_collective_file(sketch, collective)
+    if custom:
+        coll = load_custom_collective(custom, topo.num_ranks)
     else:
         if collective:
             check_known(name, where="--collective")
@@ -93,6 +92,16 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     if size <= 0:
         raise UserError("input size must be positive", where="--size")
     return topo, coll, size
+
+
+def custom_collective_file(sketch: Sketch, collective: str | None = None) -> str | None:
+    """The file of the user-defined collective to synthesize: `collective` (--collective) when it names a
+    JSON file, else, when no `collective` overrides it, the sketch's own; None for a built-in collective."""
+    if collective:
+        return collective if collective.endswith(".json") else None
+    if sketch.collective_file:
+        return sketch.collective_file
+    return sketch.collective if sketch.collective and sketch.collective.endswith(".json") else None
 
 
 def sketch_collective(sketch: Sketch, name: str, topo) -> Collective:

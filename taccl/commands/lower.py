@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..algorithm import Algorithm
-from ..collectives import NAMES, canonical_name
 from ..errors import UserError, about_file
 from ..fileio import check_output_file, load_json
 from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
@@ -67,7 +66,7 @@ def run(args) -> int:
     target = target_of_args(args)
     out = check_output_file(args.output if args.output else default_output(args.algorithm))
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
-    if canonical_name(algo.collective["name"]) not in NAMES:
+    if "custom" in algo.collective:  # a user-defined collective (`collective_to_json`)
         check_custom_target(target)
     try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
         topology = algo.load_topology()

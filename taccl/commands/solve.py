@@ -51,7 +51,7 @@ def register(sub):
 
 
 def run(args) -> int:
-    from ..synthesize import SynthesisOptions, default_name, synthesize
+    from ..synthesize import SynthesisOptions, custom_collective_file, default_name, synthesize
 
     if args.time_limit is not None and args.time_limit <= 0:
         raise UserError("must be positive", where="--time-limit")
@@ -73,7 +73,7 @@ def run(args) -> int:
                             stall_s=args.stall,
                             max_memory_bytes=None if args.max_memory is None else parse_size(args.max_memory,
                                                                                            where="--max-memory"))
-    if not args.no_xml and (args.collective.endswith(".json") if args.collective else sketch.collective_file):
+    if not args.no_xml and custom_collective_file(sketch, args.collective):
         check_custom_target(target)
     name = check_output_name(args.name or default_name(sketch, args.collective), suffix=".algo.json")
     out = check_output_dir(args.output)
