@@ -10,6 +10,16 @@ A sketch's ``phases`` list says, in order, what happens inside which groups:
 ``"hierarchical"``: the standard decomposition of each collective (`STANDARD`), rail-first for AllGather so
 that each chunk crosses the network once.
 
+A phase with ``"parts": [i, ...]`` moves only those pieces of each chunk (with ``input_chunkup`` k, the pieces
+0 .. k-1); the others pass through it unchanged. So one collective can take two routes: a ReduceScatter whose
+pieces 0-6 are reduced inside the node and then over the rails, and whose piece 7 crosses the rails first
+(each GPU's own contribution, sent over its NIC at once instead of after a node round) and is reduced inside
+the node last, moves fewer bytes over NVSwitch and more over the NICs, which the standard order leaves idle:
+
+    "phases": [{"collective": "reducescatter", "groups": "node", "parts": [0, 1, 2, 3, 4, 5, 6]},
+               {"collective": "reducescatter", "groups": "rail"},
+               {"collective": "reducescatter", "groups": "node", "parts": [7]}]
+
 Groups: ``node`` (the GPUs of one node), ``rail`` (the GPUs with the same local index on every node: the
 NIC rails of a rail-optimised cluster), ``all`` (every rank). A phase may carry its own
 ``intranode_sketch``, ``internode_sketch``, ``symmetry_offsets`` and ``routing``; otherwise the sketch's
@@ -193,8 +203,17 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
             raise UserError("a node phase needs several GPUs per node", path=sketch.path, where=where + ".groups")
         pre, post, route_pre, route_post = set(), set(), set(), set()
         after = []
+        parts = ph.get("parts")
+        for j, part in enumerate(parts or ()):
+            if part >= coll.chunkup:
+                raise UserError(f"piece {part} does not exist: each chunk is cut into {coll.chunkup} pieces "
+                                f"(input_chunkup), numbered 0 to {coll.chunkup - 1}", path=sketch.path,
+                                where=f"{where}.parts[{j}]")
         for c in range(coll.num_chunks):
             held = holders[c]
+            if parts is not None and coll.labels[c][-1] not in parts:  # a piece the phase leaves where it is
+                after.append(dict(held))
+                continue
             new = {}
             by_group = {}
             for r in sorted(held):

@@ -795,6 +795,31 @@ def test_auto_also_tries_two_blocks_a_connection_on_its_second_fastest_policy():
     assert times(best)[0] < 0.9 * unfused[0] and times(best)[1] < 1.01 * unfused[1]
 
 
+def test_auto_tries_four_blocks_a_connection_where_two_leave_the_schedule_far_behind():
+    # 2x DGX A100 ReduceScatter in two routes (dgx-a100-rs-split.json), LL on one instance at 1 MiB: an LL block
+    # moves 9 GB/s of a GPU's 63 GB/s NVSwitch port, so one or two blocks a connection leave the schedule's
+    # 20.9 us at 24.1; four take 20.9, and no more at 4x the size
+    from pathlib import Path
+
+    from taccl.lowering import SCHEDULE_KEPT, max_tbs_of
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "dgx-a100-rs-split.json"),
+                      options=SynthesisOptions(time_limit_s=20))
+    topo = algo.load_topology()
+    size, kw = algo.input_size_bytes, dict(topology=topo, max_tbs=max_tbs_of(topo.spec))
+    times = lambda p: [Simulator(p, topo).run(n).time_us for n in (size, 4 * size)]  # noqa: E731
+    two = min(times(lower(algo, fusion=f, connection_blocks=2, **kw)) for f in ("schedule", "none"))
+    best = lower(algo, **kw)
+    assert two[0] > SCHEDULE_KEPT * algo.time_us
+    at, above = times(best)
+    assert at < 1.02 * algo.time_us and at < 0.9 * two[0] and above <= two[1]
+    assert program_to_xml(best) == program_to_xml(lower(algo, fusion="schedule", connection_blocks=4, **kw))
+
+
 def test_a_memo_carries_each_policy_to_the_next_lowering_of_the_algorithm(monkeypatch):
     # what a batch does with one synthesis: "auto" (here on two blocks a connection), then "auto" with one
     # block and the schedule's policy alone. Through a LoweringMemo the later calls build no policy again;

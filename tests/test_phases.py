@@ -258,3 +258,52 @@ def test_an_exchange_over_a_shared_nic_is_right_whatever_the_timing():
     assert swapped and all(t.link == "ib" and t.op == "reduce" for t in swapped)
     assert any(by_id[p].send_us > t.arrive_us for t in swapped for p in t.exchange)
     lower(algo)  # proven by the checker, or it raises
+
+
+TWO_ROUTES = {
+    # piece 0 of each chunk reduced inside the node and then over the rails, piece 1 the other way round
+    "reducescatter": [{"collective": "reducescatter", "groups": "node", "parts": [0]},
+                      {"collective": "reducescatter", "groups": "rail"},
+                      {"collective": "reducescatter", "groups": "node", "parts": [1]}],
+    "allgather": [{"collective": "allgather", "groups": "rail", "parts": [0]},
+                  {"collective": "allgather", "groups": "node"},
+                  {"collective": "allgather", "groups": "rail", "parts": [1]}],
+}
+
+
+@pytest.mark.parametrize("collective", sorted(TWO_ROUTES))
+def test_pieces_of_a_chunk_take_two_routes(tmp_path, collective):
+    sk = sketch(tmp_path, phases=TWO_ROUTES[collective], collective=collective, nodes=2,
+                hyperparameters={"input_chunkup": 2})
+    topo = Topology(spec_from_dict(NODE), 2)
+    coll = make_collective(collective, topo.num_ranks, 2)
+    first, middle, last = plan_phases(sk, topo, coll)
+    pieces = lambda phase: {coll.labels[c][-1] for c, _ in phase.task_coll.precondition}  # noqa: E731
+    assert (pieces(first), pieces(middle), pieces(last)) == ({0}, {0, 1}, {1})
+    algo = synthesize(sk, options=SynthesisOptions(time_limit_s=20))
+    program = lower(algo)  # proven by the checker, or it raises
+    path = write_program(program, tmp_path / f"{collective}.xml")
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import run_program
+
+    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
+    assert report["checked"] and report["wrong"] == 0
+
+
+def test_pieces_that_do_not_exist_or_miss_a_route(tmp_path):
+    two = {"hyperparameters": {"input_chunkup": 2}}
+    with pytest.raises(UserError, match=r"\$\.phases\[2\]\.parts\[1\]: piece 2 does not exist: each chunk is cut "
+                                        r"into 2 pieces \(input_chunkup\), numbered 0 to 1"):
+        plan_phases(sketch(tmp_path, phases=[*TWO_ROUTES["reducescatter"][:2],
+                                             {"collective": "reducescatter", "groups": "node", "parts": [1, 2]}],
+                           collective="reducescatter", nodes=2, **two),
+                    Topology(spec_from_dict(NODE), 2), make_collective("reducescatter", 4, 2))
+    # piece 1 is never reduced inside the node: its owner lacks the other GPU's contributions
+    with pytest.raises(UserError, match=r"\$\.phases: the phases do not make up reducescatter: chunk 1 on rank 0 "
+                                        r"is not the full sum \(ranks \[1, 3\] are missing\)"):
+        plan_phases(sketch(tmp_path, phases=TWO_ROUTES["reducescatter"][:2], collective="reducescatter", nodes=2,
+                           **two), Topology(spec_from_dict(NODE), 2), make_collective("reducescatter", 4, 2))
+    with pytest.raises(UserError, match=r"\$\.phases\[0\]\.parts\[0\]: -1 is less than the minimum of 0"):
+        sketch(tmp_path, phases=[{"collective": "reducescatter", "groups": "node", "parts": [-1]}])

@@ -119,6 +119,10 @@ SPREAD_BLOCK_STEPS = 8
 # fastest program
 CONNECTION_BLOCKS = 2
 TWO_BLOCKS_POLICIES = 2
+# where the fastest program so far takes more than SCHEDULE_KEPT times the schedule's time, "auto" also lowers the
+# same policies with each connection on MORE_CONNECTION_BLOCKS blocks (the same test of the sizes above)
+SCHEDULE_KEPT = 1.10
+MORE_CONNECTION_BLOCKS = 4
 # above this many transfers "auto" lowers the schedule's policy alone: each policy's build takes minutes there
 # (64x DGX H100 AllToAll, 487424 transfers: 97, 214, 72 and 40 s, then a simulation of each distinct program)
 AUTO_POLICIES_MAX_TRANSFERS = 100_000
@@ -335,9 +339,9 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         at_size = {key: _simulated_us(p, topology, size, simulated) for key, p in candidates.items()}
         others = sorted((key for key in candidates if key != best and math.isfinite(at_size[key])),
                         key=lambda key: (at_size[key], key))
-        for base in [best] + others[:TWO_BLOCKS_POLICIES - 1]:
-            names.append(f"{names[base]}, two blocks a connection")
-            policies.append({**policies[base], "connection_blocks": CONNECTION_BLOCKS})
+        def spread(base, blocks):
+            names.append(f"{names[base]}, {blocks} blocks a connection")
+            policies.append({**policies[base], "connection_blocks": blocks})
             k = len(policies) - 1
             add(k)
             if k in candidates:
@@ -346,6 +350,17 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
                 # (a loss within a tie is none: the ranking below breaks ties as for the other policies)
                 if not math.isfinite(two_at + two_above) or loss > max(TIE_TOLERANCE, gain):
                     del candidates[k]
+
+        bases = [best] + others[:TWO_BLOCKS_POLICIES - 1]
+        for base in bases:
+            spread(base, CONNECTION_BLOCKS)
+        # still far from the schedule: the connections may need more blocks than two to reach the link's
+        # bandwidth (LL on DGX A100: a block moves 9 GB/s, a GPU's NVSwitch port 63; the two-route
+        # ReduceScatter at 1 MiB, one instance: 24.1 us on two blocks, 20.9 on four, as the schedule says)
+        fastest = min(at_size[key] if key in at_size else times(key)[0] for key in candidates)
+        if fastest > SCHEDULE_KEPT * algorithm.time_us:
+            for base in bases:
+                spread(base, MORE_CONNECTION_BLOCKS)
     proven = set()  # policies lowered again with each fusion mode proven
     while True:
         if len(candidates) > 1:
