@@ -53,7 +53,7 @@ from .collectives import Collective, add_contributions, contribution, mask_of, r
 from .errors import UserError
 from .sketch import Sketch, sketch_from_dict
 
-__all__ = ["PhasePlan", "plan_phases", "chunk_targets", "phase_list", "relocate", "GROUPS", "KINDS", "STANDARD"]
+__all__ = ["PhasePlan", "plan_phases", "highest_part", "chunk_targets", "phase_list", "relocate", "GROUPS", "KINDS", "STANDARD"]
 
 GROUPS = ("node", "rail", "all")
 KINDS = ("allgather", "reducescatter", "allreduce", "alltoall")
@@ -85,6 +85,13 @@ def phase_list(sketch: Sketch, topology, collective: str, form: str = "") -> lis
                             path=sketch.path, where="$.phases")
         return [(d, f"$.phases.{collective}[{i}]") for i, d in enumerate(ph[collective])]
     return [(d, f"$.phases[{i}]") for i, d in enumerate(ph)]
+
+
+def highest_part(phases) -> int:
+    """The highest piece any phase's ``parts`` names, in a sketch's ``phases`` as written; -1 if none does."""
+    lists = phases.values() if isinstance(phases, dict) else [phases] if isinstance(phases, list) else []
+    return max((p for phase_list_ in lists for ph in phase_list_ if isinstance(ph, dict)
+                for p in ph.get("parts", ())), default=-1)
 
 
 def _kind_of(collective: str, form: str) -> str:

@@ -337,6 +337,17 @@ def test_sketch_that_does_not_fit_the_topology_is_a_sku_error(tmp_path):
         load_sku(path)
 
 
+def test_a_chunkup_variant_too_coarse_for_the_sketchs_parts_is_a_sku_error(tmp_path):
+    # dgx-a100-rs-split.json's phases name piece 7 of each chunk: a chunk-up of 4 has no such piece
+    path = tmp_path / "sku.yaml"
+    path.write_text(f"topology: dgx-a100\nnodes: [2]\ncollectives: [reducescatter]\ncandidates:\n"
+                    f"  - sketch: {ROOT / 'sketches' / 'dgx-a100-rs-split.json'}\n"
+                    f"    variants: {{chunkup: [8, 4], protocol: [LL]}}\n")
+    with pytest.raises(UserError, match=r"line 6: \$\.candidates\[0\]\.variants\.chunkup\[1\]: chunk-up 4 cuts "
+                                        r"each chunk into 4 pieces, but the sketch's phases name piece 7 \(parts\)"):
+        load_sku(path)
+
+
 def test_a_sku_too_large_for_this_machine_loads_and_plans_without_building_its_collectives(tmp_path, capsys):
     """10^12 nodes: the sketch's fit and a tree baseline's operation count once built the collective itself
     (the OOM killer ended a --dry-run; a fuzz found it). Its jobs say what they need when they run."""

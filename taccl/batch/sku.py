@@ -34,6 +34,7 @@ from ..collectives import NAMES, canonical_name
 from ..errors import UserError
 from ..fileio import json_path, load_json, load_schema
 from ..lowering import max_tbs_of
+from ..phases import highest_part
 from ..sketch import sketch_from_dict
 from ..synthesize import DEFAULT_STALL_S
 from ..targets import DEFAULT_TARGET, ROOTED
@@ -331,6 +332,12 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
     if sketch is not None and policies != (None,) and not sketch.switches:
         problems.add(at + ("variants", "switch_policy"),
                      "the sketch has no switches (intranode_sketch.switches), so a switch policy means nothing")
+    named = highest_part(sketch.phases) if sketch is not None else -1
+    for j, chunkup in _items(variants.get("chunkup")):
+        if chunkup <= named:
+            problems.add(at + ("variants", "chunkup", j),
+                         f"chunk-up {chunkup} cuts each chunk into {chunkup} pieces, but the sketch's phases name "
+                         f"piece {named} (parts)")
     synth = default_synth
     if "synthesis_sizes" in cdoc:
         synth = _sizes(cdoc["synthesis_sizes"], problems, at + ("synthesis_sizes",))
