@@ -57,7 +57,7 @@ DGX2_HIER_ALLGATHER = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 4, "p
 # a few MiB: halved chunks on three blocks a connection, ordered for 1 MiB (4 MiB: 59.0 us against 70.0 /
 # 62.3 of sk-1 / sk-2's best and the LL128 ring's 65.8)
 DGX2_HIER_ALLGATHER_MID = {"sketch": "dgx2-hier.json", "at": "1M", "chunkup": 2, "protocols": ["Simple"],
-                           "instances": [3]}
+                           "instances": [2, 4]}
 # the one-hop sketch also routed for 16 KiB in LL, where part of each GPU's blocks cross to one GPU of the
 # other node and go on from there (at 4 KiB every block goes straight to its destination): 16 KiB 9.46 us on
 # four blocks a connection against 10.0 of the 4 KiB program and of the all-pairs baseline
@@ -67,7 +67,7 @@ DGX2_HIER_ALLREDUCE = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 2, "p
 # The H100 SKU's 16 MiB candidate: halved chunks on six or eight thread blocks per connection, whose
 # per-step latencies overlap more than on four.
 H100_HIER_FINE = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
-                  "instances": [6, 8]}
+                  "instances": [8]}
 # The H100 SKU's two-node candidate for the reductions at 16 MiB: chunks cut in four, on four thread blocks
 # per connection (AllReduce at 16 MiB: 101.4 us against 103.3 of the halves on six)
 H100_HIER_QUARTER = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 4, "protocols": ["Simple"],
@@ -106,10 +106,10 @@ COMPANIONS = {
     # halved chunks on six or eight thread blocks a connection: a relayed block's two Simple steps overlap
     # more (4 / 16 MiB: 89.9 / 296.5 us against 94.4 / 314.0 on four)
     "1x NDv2 AllToAll": [{"sketch": "ndv2-single.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
-                          "instances": [6, 8]},
+                          "instances": [8]},
                          # and at 1 MiB, where two blocks a connection let the schedule's fusion win (Simple on
                          # eight instances: 35.2 us; 36.6 on four)
-                         {"sketch": "ndv2-single.json", "at": "1M", "protocols": ["Simple"], "instances": [6, 8]}],
+                         {"sketch": "ndv2-single.json", "at": "1M", "protocols": ["Simple"], "instances": [8]}],
     # the A100 SKU's 16-node AllGather candidates: the hierarchical phases (every protocol, 1 and 4 blocks),
     # halved chunks in LL128 at 16 MiB and in Simple at 1 GiB, whole chunks in Simple at 64 MiB
     "16x DGX A100 AllGather (128 GPUs)": [

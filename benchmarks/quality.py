@@ -7,7 +7,8 @@ chunk cut in two), and so are the instance's companions (`instances.COMPANIONS`:
 sketches for small messages and the rail-aligned one for the largest that the SKUs synthesize beside it, each
 at its own input size, and the hierarchical sketches in the variants that suit large messages). Each program is
 lowered (`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the calibrated model) at sizes
-1 KiB to 1 GiB, as is every applicable baseline (`taccl.baselines`: NCCL's rings and trees, the all-pairs and
+1 KiB to 1 GiB (a size the runtimes would not select it for does not count: `taccl.targets.selected_near`,
+float32), as is every applicable baseline (`taccl.baselines`: NCCL's rings and trees, the all-pairs and
 one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and 4 instances, no executor step
 limit). Printed per instance and size: the
 fastest of each side, the optimum (the lower bound; for AllReduce the reduce-scatter plus all-gather optimum),
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
 from taccl.lowering import LoweringMemo, lower, max_tbs_of  # noqa: E402
 from taccl.simulator import Simulator  # noqa: E402
+from taccl.targets import selected_near  # noqa: E402
 from taccl.topology import PROTOCOLS  # noqa: E402
 from taccl.units import format_size, parse_size, parse_size_range  # noqa: E402
 from taccl.xmlio import program_to_xml  # noqa: E402
@@ -90,7 +93,10 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                             seen.add(text)
                             sim = Simulator(program, topo)
                             variant = name + ("" if fusion == "auto" else f"+{fusion}") + suffix
-                            syn[variant] = [sim.run(s).time_us for s in sizes]
+                            # as a batch's selection: not at a size the runtimes would not select it for
+                            syn[variant] = [sim.run(s).time_us if selected_near(
+                                collective.name, topo.num_ranks, s, program.nchunksperloop) else math.inf
+                                for s in sizes]
                 except TacclError as exc:
                     notes.append(f"{name}: {str(exc).splitlines()[0][:80]}")
     t_syn = time.monotonic() - t0

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckFailed, UserError
+from .targets import RANK_MULTIPLIED, selects_size
 
 __all__ = ["COLLS", "DTYPES", "OPS", "Runtime", "RunOutcome", "library_path", "reference", "make_inputs",
            "count_wrong", "run_program", "cuda_available"]
@@ -28,7 +29,6 @@ OPS = ["sum", "prod", "min", "max"]
 _NP = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "uint32": np.uint32, "int64": np.int64,
        "uint64": np.uint64, "float16": np.float16, "bfloat16": np.uint16, "float32": np.float32,
        "float64": np.float64}
-_MULT = {"allgather": True, "reducescatter": True, "alltoall": True}
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -257,7 +257,7 @@ class Runtime:
         Buffers are laid out as NCCL's in-place convention requires (msccl-xml.md 1.8), so in-place runs
         really alias input and output."""
         R = len(inputs)
-        mult = R if coll in _MULT else 1
+        mult = R if coll in RANK_MULTIPLIED else 1
         in_n = inputs[0].size
         count = in_n if coll == "allgather" else in_n // mult
         out_n = count if coll == "reducescatter" else count * mult
@@ -364,7 +364,7 @@ def make_inputs(coll: str, dtype: str, op: str, nranks: int, count: int, seed: i
     around is associative), and for floats small integers (sum), +-1/+-2 (prod) or arbitrary values
     (min/max), so an exact comparison is a fair check whatever order a program reduces in."""
     rng = np.random.default_rng(seed)
-    n = count if coll == "allgather" else count * (nranks if coll in _MULT else 1)
+    n = count if coll == "allgather" else count * (nranks if coll in RANK_MULTIPLIED else 1)
     out = []
     for _ in range(nranks):
         if dtype in ("float16", "bfloat16", "float32", "float64"):
@@ -387,12 +387,12 @@ def make_inputs(coll: str, dtype: str, op: str, nranks: int, count: int, seed: i
 def count_for_size(coll: str, nranks: int, size: int, dtype: str, nchunks: int) -> int:
     """NCCL count for a `size` in bytes of the larger buffer; UserError when the program cannot take it."""
     tsize = np.dtype(_NP[dtype]).itemsize
-    mult = nranks if coll in _MULT else 1
+    mult = nranks if coll in RANK_MULTIPLIED else 1
     if size <= 0 or size % tsize:
         raise UserError(f"size {size} is not a positive multiple of the {dtype} size ({tsize} bytes)")
     n = size // tsize
     unit = int(np.lcm(nchunks, mult))
-    if n % unit:
+    if not selects_size(coll, nranks, size, nchunks, tsize):
         lo = (n // unit) * unit * tsize
         hi = lo + unit * tsize
         raise UserError(f"{size} bytes ({n} elements) are not divisible by nchunksperloop={nchunks}"

@@ -25,6 +25,7 @@ what RCCL would.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import UserError
@@ -32,7 +33,8 @@ from .program import Program, StepType
 
 __all__ = ["Target", "TARGETS", "DEFAULT_TARGET", "ROOTED", "LEGACY_MAX_FILES", "get_target", "target_problems",
            "rooted_problem", "add_target_argument", "target_of_args", "prepare_for_target", "load_order",
-           "directory_problems", "lowered_for", "check_dialect", "check_custom_target"]
+           "directory_problems", "lowered_for", "check_dialect", "check_custom_target", "RANK_MULTIPLIED",
+           "selects_size", "selected_near", "SELECTION_ELEMENT_BYTES"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,36 @@ TARGETS = {t.name: t for t in (
     Target("msccl-legacy", "legacy", max_files=LEGACY_MAX_FILES),
 )}
 DEFAULT_TARGET = "msccl-executor"
+
+
+# the calls whose larger buffer holds a count for every rank (N = count x nranks, msccl-xml.md 1.8)
+RANK_MULTIPLIED = frozenset({"allgather", "reducescatter", "alltoall"})
+# the element size `taccl batch` judges a program's sizes in: float32 (nccl-tests' default); a type of 2 or 1
+# bytes has more elements in the same bytes, so a program selected for float32 is also selected for it
+SELECTION_ELEMENT_BYTES = 4
+
+
+def selects_size(collective: str, nranks: int, size_bytes: int, nchunksperloop: int,
+                 elem_bytes: int = SELECTION_ELEMENT_BYTES) -> bool:
+    """Whether the runtimes select a program of `nchunksperloop` chunks for a call whose larger buffer holds
+    `size_bytes` of `elem_bytes`-byte elements: only where that element count is a multiple of nchunksperloop
+    (both runtimes, msccl-xml.md 1.8; otherwise NCCL's own algorithm runs), and of the ranks where the buffer
+    holds one count per rank (taccl's runtime needs both). A program of 320 chunks (five instances of 64)
+    never runs at a power-of-two size."""
+    if size_bytes <= 0 or size_bytes % elem_bytes:
+        return False
+    mult = nranks if collective in RANK_MULTIPLIED else 1
+    return (size_bytes // elem_bytes) % math.lcm(nchunksperloop, mult) == 0
+
+
+def selected_near(collective: str, nranks: int, size_bytes: int, nchunksperloop: int) -> bool:
+    """Whether the runtimes select the program for calls of about `size_bytes` (a grid size of `taccl batch`,
+    a power of two): `selects_size` in float32 for a call of that size, its element count taken as a multiple
+    of the rank count's odd part where the buffer holds one count per rank (a 24-rank AllGather's calls hold
+    a multiple of 24 counts, never a power of two)."""
+    mult = nranks if collective in RANK_MULTIPLIED else 1
+    odd = mult // (mult & -mult)
+    return selects_size(collective, nranks, size_bytes * odd, nchunksperloop)
 
 
 def get_target(name: str, *, where: str = "--target") -> Target:
@@ -149,8 +181,9 @@ def target_of_args(args) -> Target:
 def prepare_for_target(program: Program, target: Target, *, report=print) -> None:
     """Declare what `target` can run of a proven `program`, in place: in-place calls where the checker proves
     them (executor dialect; a legacy file serves one call kind), and for the legacy runtime an upper bound on
-    an unbounded window when there is scratch (its default, 128 MiB exclusive). Says what it changed and
-    warns about a rooted program."""
+    an unbounded window when there is scratch (its default, 128 MiB exclusive). Says what it changed, which
+    sizes a runtime selects the program for where that is not every power of two, and warns about a rooted
+    program."""
     from .lowering import serve_inplace
     from .xmlio import LEGACY_DEFAULT_MAX_BYTES
 
@@ -161,6 +194,11 @@ def prepare_for_target(program: Program, target: Target, *, report=print) -> Non
         report(f"note: {target.name} allocates scratch for the window's upper bound when the communicator is "
                f"created: the window ends below {LEGACY_DEFAULT_MAX_BYTES >> 20} MiB, the runtime's default "
                f"(`taccl lower --max-bytes` sets another)")
+    n = program.nchunksperloop
+    if n & (n - 1):
+        report(f"note: nchunksperloop={n} is not a power of two: the runtimes select this program only for calls "
+               f"whose element count (of the larger buffer) is a multiple of {n}, which no power-of-two size is; "
+               f"instances and a chunk-up of powers of two avoid it")
     why = rooted_problem(program, target)
     if why:
         report(f"warning: {why}")

@@ -447,6 +447,50 @@ def test_tolerance_gives_the_fewest_windows():
     assert _picks([], 3, 0.0) == [None, None, None]
 
 
+def test_a_program_competes_only_at_sizes_the_runtimes_select_it_for():
+    # 2 nodes of DGX H100, ReduceScatter: a program of 320 chunks a loop (chunks in four on five instances) is
+    # the fastest everywhere, but no power-of-two size divides into 320 chunks: the runtimes never select it,
+    # so the one of 256 chunks (four instances) wins, or NCCL's own where nothing else runs
+    from taccl.batch.selection import Group, _contender, _shortfalls, _windows
+    from taccl.batch.jobs import ProgramJob
+
+    sizes = [1 << 20, 1 << 24]
+    store = {}  # key -> record: the program's XML (its <algo> element) and its simulation
+
+    def prog(label, chunks, times, kind="synthesized"):
+        store[label] = {"xml": f'<algo name="{label}" proto="Simple" nchannels="8" nchunksperloop="{chunks}" '
+                               f'ngpus="16" coll="reducescatter">'}
+        store[label + ".sim"] = {"status": "ok", "time_us": times, "algbw_GBps": [1.0] * len(times)}
+        return ProgramJob(key=label, sim_key=label + ".sim", label=label, kind=kind, source=label, proto="Simple",
+                          instances=1)
+
+    g = Group(collective="reducescatter", nodes=2, ranks=16, sizes=sizes, lower_bound_us=[None, None],
+              contenders=[], optimum_us=[10.0, 50.0])
+
+    five = _contender(prog("c4.i5", 320, [20.0, 59.0]), store, g)
+    four = _contender(prog("c4.i4", 256, [30.0, 60.5]), store, g)
+    ring = _contender(prog("ring", 320, [25.0, 66.0], kind="baseline"), store, g)  # NCCL's own: no condition
+    assert five.runs == [False, False] and four.runs == [True, True] and ring.runs == []
+    g.contenders = [ring, five, four]
+    assert [(w.winner, w.sizes) for w in _windows(g)] == [("ring", [1 << 20]), ("c4.i4", [1 << 24])]
+    assert [size for size, _ in _shortfalls(g)] == [1 << 20, 1 << 24]  # 30.0 > 25.0; 60.5 is 1.09x the ring
+    g.contenders = [ring, five]
+    assert [(w.winner, w.kind) for w in _windows(g)] == [("ring", "baseline")]
+    assert all("no synthesized program runs at this size" in why for _, why in _shortfalls(g))
+
+
+def test_which_sizes_the_runtimes_select_a_program_for():
+    from taccl.targets import selected_near, selects_size
+
+    assert selects_size("allreduce", 16, 1 << 20, 256) and not selects_size("allreduce", 16, 1 << 20, 320)
+    assert not selects_size("allreduce", 16, 1 << 10, 512)  # 256 float32 elements: fewer than the chunks
+    assert selects_size("allreduce", 16, 1 << 10, 512, elem_bytes=2)  # 512 float16 elements
+    # 24 ranks: an AllGather's calls hold 24 counts, so a program of 24 x 4 chunks is selected near 1 MiB;
+    # an AllReduce's calls need not be a multiple of 24 (a power of two never is)
+    assert selected_near("allgather", 24, 1 << 20, 96) and not selects_size("allgather", 24, 1 << 20, 96)
+    assert not selected_near("allreduce", 24, 1 << 20, 96) and selected_near("allreduce", 16, 1 << 20, 64)
+
+
 def test_target_counts_a_tie_with_the_baseline_but_not_a_loss():
     # synthesized and baseline equal to the model's precision, within 1.1x of the optimum: met
     assert target_shortfall(9.80, 9.79, 9.0) is None

@@ -101,3 +101,19 @@ def test_directory_checked_as_the_runtime_loads_it(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", "-q", "--target", "msccl-legacy", str(legacy)]) == 1
     assert "loads at most 4 files" in capsys.readouterr().out
+
+
+def test_a_program_no_power_of_two_size_divides_is_noted(tmp_path, capsys):
+    """Three instances of NDv2's 8 chunks make 24 chunks a loop: the runtimes select the program only for calls
+    whose element count is a multiple of 24, never a power of two. `solve` says so; on two instances not."""
+    sketch = str(ROOT / "sketches" / "ndv2-single.json")
+    assert main(["solve", sketch, "--instances", "3", "-o", str(tmp_path), "--name", "i3", "-q"]) == 0
+    assert "note: nchunksperloop=24 is not a power of two" in capsys.readouterr().err
+    assert main(["solve", sketch, "--instances", "2", "-o", str(tmp_path), "--name", "i2", "-q"]) == 0
+    assert "nchunksperloop" not in capsys.readouterr().err
+    from taccl.errors import UserError
+    from taccl.runtime import count_for_size
+
+    assert read_program(str(tmp_path / "i3.xml")).nchunksperloop == 24
+    with pytest.raises(UserError, match="not divisible by nchunksperloop=24"):  # what `taccl run` says
+        count_for_size("allgather", 8, 1 << 20, "float32", 24)

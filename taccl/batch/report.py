@@ -42,7 +42,7 @@ def _envelopes(g: Group) -> dict:
         if c.status != "ok":
             continue
         kind, best = out.get(c.source, (c.kind, [float("inf")] * len(g.sizes)))
-        out[c.source] = (kind, [min(a, b) for a, b in zip(best, c.time_us)])
+        out[c.source] = (kind, [min(best[i], c.time_at(i)) for i in range(len(best))])
     return out
 
 
@@ -56,7 +56,7 @@ def plot_group(g: Group, path: Path) -> None:
     gb = [s / 1000.0 for s in g.sizes]  # bytes per us = GB/s x 1000
     for source, (kind, times) in sorted(_envelopes(g).items(), key=lambda kv: (kv[1][0], kv[0])):
         style = "-" if kind == "synthesized" else "--"
-        ax.plot(g.sizes, [b / t for b, t in zip(gb, times)], style, linewidth=1.2, marker="." if kind == "synthesized" else None,
+        ax.plot(g.sizes, [b / t if t < float("inf") else float("nan") for b, t in zip(gb, times)], style, linewidth=1.2, marker="." if kind == "synthesized" else None,
                 label=f"{source} (best variant)" if kind == "synthesized" else f"{source} (baseline, best protocol)")
     by_label = {c.label: c for c in g.contenders if c.status == "ok"}
     sel_x, sel_y, sp_x, sp_y = [], [], [], []

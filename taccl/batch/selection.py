@@ -6,7 +6,9 @@ the safer default); adjacent sizes with one winner form a window. With the SKU's
 0.03) a program within 3% of the fastest may keep a size, and the windows are chosen to be as few as that
 allows: fewer files for the runtime to load, at a cost the table shows. Windows tile the whole size axis: the
 boundary between two grid sizes a < b is their geometric mean, the first window starts at 0 and the last
-is unbounded (maxBytes 0), so every call size has exactly one window. A candidate whose job failed simply
+is unbounded (maxBytes 0), so every call size has exactly one window. A synthesized program competes only at
+the sizes the runtimes select it for (`taccl.targets.selected_near`: a call's element count must divide
+into its nchunksperloop chunks; five instances of 64 chunks, 320, divide no power of two). A candidate whose job failed simply
 does not compete; the report names it next to the windows a baseline took instead.
 
 `select(sku, tasks, store, target=T) -> Selection`, and `write_outputs(selection, outdir)`, which writes one
@@ -35,7 +37,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..fileio import atomic_write, write_json
 from ..simulator import TIE_TOLERANCE
-from ..targets import DEFAULT_TARGET, get_target, lowered_for
+from ..targets import DEFAULT_TARGET, get_target, lowered_for, selected_near
 from ..units import format_size
 from .jobs import Task, tool_version
 
@@ -56,6 +58,13 @@ class Contender:
     time_us: list = field(default_factory=list)
     algbw_GBps: list = field(default_factory=list)
     key: str = ""
+    # per grid size: whether the runtimes select the program there (`taccl.targets.selected_near`); empty: at
+    # every size (a baseline stands for the runtime's own algorithm, which has no such condition)
+    runs: list = field(default_factory=list)
+
+    def time_at(self, i: int) -> float:
+        """The program's time at grid size i; infinite where the runtimes would not select it."""
+        return self.time_us[i] if not self.runs or self.runs[i] else math.inf
 
 
 @dataclass
@@ -168,8 +177,12 @@ def _shortfalls(g: Group) -> list:
     ok = [c for c in g.contenders if c.status == "ok"]
     out = []
     for i, size in enumerate(g.sizes):
-        why = target_shortfall(min((c.time_us[i] for c in ok if c.kind == "synthesized"), default=None),
-                               min((c.time_us[i] for c in ok if c.kind == "baseline"), default=None),
+        syn = min((c.time_at(i) for c in ok if c.kind == "synthesized"), default=None)
+        if syn == math.inf:
+            out.append((size, "no synthesized program runs at this size: a call of it divides into none's chunks "
+                              "(nchunksperloop)"))
+            continue
+        why = target_shortfall(syn, min((c.time_at(i) for c in ok if c.kind == "baseline"), default=None),
                                g.optimum_us[i] if g.optimum_us else None)
         if why:
             out.append((size, why))
@@ -197,10 +210,11 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: s
             g.failed_jobs.append((task.label, jobs[-1].reason))
         for prog in task.programs:
             if prog.target == lowering or prog.kind == "baseline":
-                g.contenders.append(_contender(prog, store))
+                g.contenders.append(_contender(prog, store, g))
     for (coll, nodes), progs in (deployed or {}).items():
         if (coll, nodes) in groups:
-            groups[(coll, nodes)].contenders += [_contender(p, store) for p in progs]
+            g = groups[(coll, nodes)]
+            g.contenders += [_contender(p, store, g) for p in progs]
     for g in groups.values():
         g.windows = _windows(g, sku.merge_tolerance)
         g.shortfalls = _shortfalls(g)
@@ -261,7 +275,7 @@ def _job_summary(task: Task, store, cached_keys) -> JobSummary:
                       cached=all(p.key in cached_keys for p in task.programs))
 
 
-def _contender(prog, store) -> Contender:
+def _contender(prog, store, g: Group) -> Contender:
     c = Contender(label=prog.label, kind=prog.kind, source=prog.source, proto=prog.proto, instances=prog.instances,
                   status="failed", key=prog.key)
     sim = store.get(prog.sim_key)
@@ -271,22 +285,27 @@ def _contender(prog, store) -> Contender:
         c.reason = sim.get("reason", "")
     else:
         c.status, c.time_us, c.algbw_GBps = "ok", sim["time_us"], sim["algbw_GBps"]
+        record = store.get(prog.key)
+        found = re.search(r'nchunksperloop="(\d+)"', record["xml"][:4096]) if record and "xml" in record else None
+        if c.kind != "baseline" and found:  # (the <algo> element opens the file)
+            c.runs = [selected_near(g.collective, g.ranks, size, int(found.group(1))) for size in g.sizes]
     return c
 
 
 def _picks(ok: list, n: int, tolerance: float) -> list:
     """The program to run at each of the n grid sizes, as few distinct runs as the tolerance allows.
 
-    A program is good at size i when within `tolerance` of the fastest there. Walking up the sizes, each new
-    window takes the good program that stays good the longest (then the fastest, then a baseline on a tie):
-    the greedy choice that minimises the number of windows. With tolerance 0 it is the fastest per size.
+    A program is good at size i when the runtimes select it there (`Contender.time_at`) and it is within
+    `tolerance` of the fastest there; at a size where none is, NCCL's own algorithm runs. Walking up the sizes,
+    each new window takes the good program that stays good the longest (then the fastest, then a baseline on
+    a tie): the greedy choice that minimises the number of windows. With tolerance 0 it is the fastest per size.
     """
     if not ok:
         return [None] * n
-    best = [min(c.time_us[i] for c in ok) for i in range(n)]
+    best = [min(c.time_at(i) for c in ok) for i in range(n)]
 
     def good(c, i):
-        return c.time_us[i] <= best[i] * (1.0 + tolerance) * (1.0 + 1e-12)
+        return c.time_at(i) <= best[i] * (1.0 + tolerance) * (1.0 + 1e-12) and c.time_at(i) < math.inf
 
     def reach(c, i):
         j = i
@@ -297,8 +316,8 @@ def _picks(ok: list, n: int, tolerance: float) -> list:
     picks, i = [], 0
     while i < n:
         # `ok` is in preference order (baselines first), and max keeps the first of equals
-        pick = max((c for c in ok if good(c, i)), key=lambda c: (reach(c, i), -c.time_us[i]))
-        end = reach(pick, i)
+        pick = max((c for c in ok if good(c, i)), key=lambda c: (reach(c, i), -c.time_at(i)), default=None)
+        end = reach(pick, i) if pick else i + 1  # (None: no program the runtimes select at this size)
         picks += [pick] * (end - i)
         i = end
     return picks
@@ -310,7 +329,7 @@ def _windows(g: Group, tolerance: float = 0.0) -> list:
     # fresh program beats a deployed one it ties with, and the order never depends on the run
     ok.sort(key=lambda c: (c.kind != "baseline", c.source == "deployed", c.label))
     winners = _picks(ok, len(g.sizes), tolerance)
-    best_base = [min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_us[i], default=None)
+    best_base = [min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_at(i), default=None)
                  for i in range(len(g.sizes))]
     failed = [label for label, _ in g.failed_jobs]
     windows, start = [], 0
