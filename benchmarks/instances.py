@@ -54,8 +54,8 @@ INSTANCES = [
 # synthesized at 64 KiB, they also carry the small AllReduce messages.
 DGX2_HIER_ALLGATHER = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 4, "protocols": ["Simple"],
                        "instances": [2]}
-# a few MiB: halved chunks on three blocks a connection, ordered for 1 MiB (4 MiB: 59.0 us against 70.0 /
-# 62.3 of sk-1 / sk-2's best and the LL128 ring's 65.8)
+# a few MiB: halved chunks on two blocks a connection, ordered for 1 MiB (4 MiB: 58.3 us against the LL128
+# ring's 65.8). Instance counts are powers of two: on three, 192 chunks a loop divide no power-of-two size
 DGX2_HIER_ALLGATHER_MID = {"sketch": "dgx2-hier.json", "at": "1M", "chunkup": 2, "protocols": ["Simple"],
                            "instances": [2, 4]}
 # the one-hop sketch also routed for 16 KiB in LL, where part of each GPU's blocks cross to one GPU of the
@@ -64,12 +64,12 @@ DGX2_HIER_ALLGATHER_MID = {"sketch": "dgx2-hier.json", "at": "1M", "chunkup": 2,
 DGX2_DIRECT_16K = {"sketch": "dgx2-direct.json", "at": "16K", "protocols": ["LL"]}
 DGX2_HIER_ALLREDUCE = {"sketch": "dgx2-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                        "instances": [2]}
-# The H100 SKU's 16 MiB candidate: halved chunks on six or eight thread blocks per connection, whose
-# per-step latencies overlap more than on four.
+# The H100 SKU's 16 MiB candidate: halved chunks on eight thread blocks per connection, whose per-step
+# latencies overlap more than on four (AllGather at 16 MiB: 57.5 us).
 H100_HIER_FINE = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                   "instances": [8]}
 # The H100 SKU's two-node candidate for the reductions at 16 MiB: chunks cut in four, on four thread blocks
-# per connection (AllReduce at 16 MiB: 101.4 us against 103.3 of the halves on six)
+# per connection (AllReduce at 16 MiB: 101.4 us against 103.3 of the halves)
 H100_HIER_QUARTER = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 4, "protocols": ["Simple"],
                      "instances": [4]}
 # The H100 SKU's 16-node candidates for 16 MiB to 1 GiB: whole chunks ordered for 64 MiB, and for
@@ -103,8 +103,8 @@ COMPANIONS = {
     # 24.2)
     "2x NDv2 AllGather sk-1": ["ndv2-sk-2.json"],
     "2x DGX-2 AllToAll": ["dgx2-direct.json"],
-    # halved chunks on six or eight thread blocks a connection: a relayed block's two Simple steps overlap
-    # more (4 / 16 MiB: 89.9 / 296.5 us against 94.4 / 314.0 on four)
+    # halved chunks on eight thread blocks a connection: a relayed block's two Simple steps overlap more
+    # (16 MiB: 296.5 us against 314.0 on four)
     "1x NDv2 AllToAll": [{"sketch": "ndv2-single.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                           "instances": [8]},
                          # and at 1 MiB, where two blocks a connection let the schedule's fusion win (Simple on
