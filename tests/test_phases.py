@@ -46,6 +46,18 @@ def plan(tmp_path, collective, **kw):
     return plan_phases(sk, topo, make_collective(collective, topo.num_ranks))
 
 
+def assert_runs_right(program, path, size=None):
+    """Write the proven `program` and run it on the host runtime (built first if needed): the right result."""
+    write_program(program, path)
+    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from taccl.runtime import run_program
+
+    report = run_program(path, size=size or program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
+    assert report["checked"] and report["wrong"] == 0
+
+
 def test_hierarchical_phases_by_collective(tmp_path):
     steps = {c: [(p.kind, p.groups) for p in plan(tmp_path, c)]
              for c in ("allgather", "reducescatter", "allreduce", "alltoall")}
@@ -73,14 +85,7 @@ def test_hierarchical_programs_are_proven_and_compute_the_collective(tmp_path, c
     assert [s["stage"] for s in algo.stages] == ["routing", "ordering", "contiguity"]
     assert len(algo.stages[0]["phases"]) == (3 if collective == "allreduce" else 2)
     program = lower(algo)  # proven by the checker, or it raises
-    path = write_program(program, tmp_path / f"{collective}.xml")
-    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    from taccl.runtime import run_program
-
-    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
-    assert report["checked"] and report["wrong"] == 0
+    assert_runs_right(program, tmp_path / f"{collective}.xml")
 
 
 def test_a_pair_exchanges_its_partial_sums(tmp_path):
@@ -95,14 +100,7 @@ def test_a_pair_exchanges_its_partial_sums(tmp_path):
     pairs = {(t.src, t.dst, t.chunks) for t in net}
     assert all((d, s, c) in pairs for s, d, c in pairs)
     program = lower(algo)  # proven by the checker, or it raises
-    path = write_program(program, tmp_path / "allreduce.xml")
-    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    from taccl.runtime import run_program
-
-    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
-    assert report["checked"] and report["wrong"] == 0
+    assert_runs_right(program, tmp_path / "allreduce.xml")
 
 
 def test_an_allreduce_past_the_node_limit_sends_node_phase_blocks_as_one(tmp_path, monkeypatch):
@@ -128,14 +126,7 @@ def test_an_allreduce_past_the_node_limit_sends_node_phase_blocks_as_one(tmp_pat
     assert Algorithm.from_json(algo.to_json()).make_collective().local_blocks == 2
     program = lower(algo)  # proven by the checker, or it raises
     assert any(s.cnt > 1 for g in program.gpus for tb in g.threadblocks for s in tb.steps)
-    path = write_program(program, tmp_path / "allreduce.xml")
-    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    from taccl.runtime import run_program
-
-    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
-    assert report["checked"] and report["wrong"] == 0
+    assert_runs_right(program, tmp_path / "allreduce.xml")
 
 
 def test_phases_are_composed_chunk_by_chunk(tmp_path):
@@ -225,14 +216,7 @@ def test_one_shot_allreduce_is_proven_and_computes_the_sum(tmp_path, phases):
         assert [p["phase"] for p in algo.stages[0]["phases"]] == ["reducescatter/node", "reducescatter/rail"]
     program = lower(algo, proto="LL")
     assert program.nchunksperloop == 1 and program.collective == "allreduce"
-    path = write_program(program, tmp_path / "one-shot.xml")
-    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    from taccl.runtime import run_program
-
-    report = run_program(path, size=4 * 48, dtype="float32", op="sum")
-    assert report["checked"] and report["wrong"] == 0
+    assert_runs_right(program, tmp_path / "one-shot.xml", size=4 * 48)
 
 
 def test_one_shot_allreduce_takes_reduce_scatter_phases_only(tmp_path):
@@ -282,14 +266,7 @@ def test_pieces_of_a_chunk_take_two_routes(tmp_path, collective):
     assert (pieces(first), pieces(middle), pieces(last)) == ({0}, {0, 1}, {1})
     algo = synthesize(sk, options=SynthesisOptions(time_limit_s=20))
     program = lower(algo)  # proven by the checker, or it raises
-    path = write_program(program, tmp_path / f"{collective}.xml")
-    r = subprocess.run(["make", "-C", str(ROOT / "runtime"), "-j2", "build/libtaccl_runtime.so"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    from taccl.runtime import run_program
-
-    report = run_program(path, size=program.nchunksperloop * 4 * 7, dtype="float32", op="sum")
-    assert report["checked"] and report["wrong"] == 0
+    assert_runs_right(program, tmp_path / f"{collective}.xml")
 
 
 def test_pieces_that_do_not_exist_or_miss_a_route(tmp_path):
