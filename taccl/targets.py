@@ -181,9 +181,8 @@ def target_of_args(args) -> Target:
 def prepare_for_target(program: Program, target: Target, *, report=print) -> None:
     """Declare what `target` can run of a proven `program`, in place: in-place calls where the checker proves
     them (executor dialect; a legacy file serves one call kind), and for the legacy runtime an upper bound on
-    an unbounded window when there is scratch (its default, 128 MiB exclusive). Says what it changed, which
-    sizes a runtime selects the program for where that is not every power of two, and warns about a rooted
-    program."""
+    an unbounded window when there is scratch (its default, 128 MiB exclusive). Says what it changed, notes a
+    program no power-of-two size selects (`selected_near`), and warns about a rooted program."""
     from .lowering import serve_inplace
     from .xmlio import LEGACY_DEFAULT_MAX_BYTES
 
@@ -195,10 +194,10 @@ def prepare_for_target(program: Program, target: Target, *, report=print) -> Non
                f"created: the window ends below {LEGACY_DEFAULT_MAX_BYTES >> 20} MiB, the runtime's default "
                f"(`taccl lower --max-bytes` sets another)")
     n = program.nchunksperloop
-    if n & (n - 1):
-        report(f"note: nchunksperloop={n} is not a power of two: the runtimes select this program only for calls "
-               f"whose element count (of the larger buffer) is a multiple of {n}, which no power-of-two size is; "
-               f"instances and a chunk-up of powers of two avoid it")
+    if not selected_near(program.collective, program.ngpus, 1 << 40, n):
+        report(f"note: the runtimes select this program only for calls whose element count (of the larger "
+               f"buffer) is a multiple of its nchunksperloop, {n}, which no power-of-two size is: instances and a "
+               f"chunk-up of powers of two avoid it")
     why = rooted_problem(program, target)
     if why:
         report(f"warning: {why}")

@@ -108,7 +108,7 @@ def test_a_program_no_power_of_two_size_divides_is_noted(tmp_path, capsys):
     whose element count is a multiple of 24, never a power of two. `solve` says so; on two instances not."""
     sketch = str(ROOT / "sketches" / "ndv2-single.json")
     assert main(["solve", sketch, "--instances", "3", "-o", str(tmp_path), "--name", "i3", "-q"]) == 0
-    assert "note: nchunksperloop=24 is not a power of two" in capsys.readouterr().err
+    assert "multiple of its nchunksperloop, 24, which no power-of-two size is" in capsys.readouterr().err
     assert main(["solve", sketch, "--instances", "2", "-o", str(tmp_path), "--name", "i2", "-q"]) == 0
     assert "nchunksperloop" not in capsys.readouterr().err
     from taccl.errors import UserError

@@ -56,7 +56,8 @@ def plot_group(g: Group, path: Path) -> None:
     gb = [s / 1000.0 for s in g.sizes]  # bytes per us = GB/s x 1000
     for source, (kind, times) in sorted(_envelopes(g).items(), key=lambda kv: (kv[1][0], kv[0])):
         style = "-" if kind == "synthesized" else "--"
-        ax.plot(g.sizes, [b / t if t < float("inf") else float("nan") for b, t in zip(gb, times)], style, linewidth=1.2, marker="." if kind == "synthesized" else None,
+        algbw = [b / t if t < float("inf") else float("nan") for b, t in zip(gb, times)]  # nan: never selected
+        ax.plot(g.sizes, algbw, style, linewidth=1.2, marker="." if kind == "synthesized" else None,
                 label=f"{source} (best variant)" if kind == "synthesized" else f"{source} (baseline, best protocol)")
     by_label = {c.label: c for c in g.contenders if c.status == "ok"}
     sel_x, sel_y, sp_x, sp_y = [], [], [], []
