@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from taccl import runtime as trt  # noqa: E402
 from taccl.errors import TacclError, UserError  # noqa: E402
+from taccl.targets import RANK_MULTIPLIED  # noqa: E402
 from taccl.units import SIZE_HELP, parse_size  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def fitting_size(coll: str, ranks: int, nchunks: int, size: int, dtype: str) -> 
     """`size` rounded up to the nearest byte count the program can run (NCCL count x multiplier divisible by
     nchunksperloop)."""
     tsize = np.dtype(trt._NP[dtype]).itemsize
-    mult = ranks if coll in trt._MULT else 1
+    mult = ranks if coll in RANK_MULTIPLIED else 1
     unit = int(np.lcm(nchunks, mult)) * tsize
     return max(unit, -(-size // unit) * unit)
 
