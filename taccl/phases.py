@@ -53,7 +53,8 @@ from .collectives import Collective, add_contributions, contribution, mask_of, r
 from .errors import UserError
 from .sketch import Sketch, sketch_from_dict
 
-__all__ = ["PhasePlan", "plan_phases", "highest_part", "chunk_targets", "phase_list", "relocate", "GROUPS", "KINDS", "STANDARD"]
+__all__ = ["PhasePlan", "plan_phases", "highest_part", "chunk_targets", "phase_list", "relocate", "GROUPS", "KINDS",
+           "STANDARD"]
 
 GROUPS = ("node", "rail", "all")
 KINDS = ("allgather", "reducescatter", "allreduce", "alltoall")

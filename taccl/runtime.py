@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckFailed, UserError
-from .targets import RANK_MULTIPLIED, selects_size
+from .targets import RANK_MULTIPLIED
 
 __all__ = ["COLLS", "DTYPES", "OPS", "Runtime", "RunOutcome", "library_path", "reference", "make_inputs",
            "count_wrong", "run_program", "cuda_available"]
@@ -392,7 +392,7 @@ def count_for_size(coll: str, nranks: int, size: int, dtype: str, nchunks: int) 
         raise UserError(f"size {size} is not a positive multiple of the {dtype} size ({tsize} bytes)")
     n = size // tsize
     unit = int(np.lcm(nchunks, mult))
-    if not selects_size(coll, nranks, size, nchunks, tsize):
+    if n % unit:
         lo = (n // unit) * unit * tsize
         hi = lo + unit * tsize
         raise UserError(f"{size} bytes ({n} elements) are not divisible by nchunksperloop={nchunks}"

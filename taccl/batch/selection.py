@@ -8,8 +8,8 @@ allows: fewer files for the runtime to load, at a cost the table shows. Windows 
 boundary between two grid sizes a < b is their geometric mean, the first window starts at 0 and the last
 is unbounded (maxBytes 0), so every call size has exactly one window. A synthesized program competes only at
 the sizes the runtimes select it for (`taccl.targets.selected_near`: a call's element count must divide
-into its nchunksperloop chunks; five instances of 64 chunks, 320, divide no power of two). A candidate whose job failed simply
-does not compete; the report names it next to the windows a baseline took instead.
+into its nchunksperloop chunks; five instances of 64 chunks, 320, divide no power of two). A candidate whose
+job failed simply does not compete; the report names it next to the windows a baseline took instead.
 
 `select(sku, tasks, store, target=T) -> Selection`, and `write_outputs(selection, outdir)`, which writes one
 XML per window (minBytes/maxBytes set, proven by the checker before it is written) into `msccl-algorithms/`,
@@ -285,9 +285,10 @@ def _contender(prog, store, g: Group) -> Contender:
         c.reason = sim.get("reason", "")
     else:
         c.status, c.time_us, c.algbw_GBps = "ok", sim["time_us"], sim["algbw_GBps"]
-        record = store.get(prog.key)
+        record = store.get(prog.key) if c.kind != "baseline" else None
+        # (the <algo> element opens the file)
         found = re.search(r'nchunksperloop="(\d+)"', record["xml"][:4096]) if record and "xml" in record else None
-        if c.kind != "baseline" and found:  # (the <algo> element opens the file)
+        if found:
             c.runs = [selected_near(g.collective, g.ranks, size, int(found.group(1))) for size in g.sizes]
     return c
 

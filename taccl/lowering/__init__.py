@@ -357,7 +357,7 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         # still far from the schedule: the connections may need more blocks than two to reach the link's
         # bandwidth (LL on DGX A100: a block moves 9 GB/s, a GPU's NVSwitch port 63; the two-route
         # ReduceScatter at 1 MiB, one instance: 24.1 us on two blocks, 20.9 on four, as the schedule says)
-        fastest = min(at_size[key] if key in at_size else times(key)[0] for key in candidates)
+        fastest = min(_simulated_us(p, topology, size, simulated) for p in candidates.values())
         if fastest > SCHEDULE_KEPT * algorithm.time_us:
             for base in bases:
                 spread(base, MORE_CONNECTION_BLOCKS)
