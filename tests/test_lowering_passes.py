@@ -282,6 +282,33 @@ def test_too_many_thread_blocks_falls_back_to_less_fusion():
     assert prog.max_threadblocks <= 8 and check_program(prog).ok
 
 
+def test_every_sm_holds_a_block_and_the_waited_on_blocks_keep_int8_ids(monkeypatch):
+    # a rank may have as many blocks as the GPU has SMs (H100: 132), beyond the 128 ids a dependency can name
+    # (int8): emit gives the blocks others wait on the small ids. Where more blocks than ids are waited on, the
+    # program is built again within the ids. Here the ids are cut to 16: this AllReduce on two instances has
+    # 34 blocks a rank, 22 of them waited on, so it must come back within 16 blocks (packed)
+    from pathlib import Path
+
+    import importlib
+
+    import taccl.lowering as lowering_module
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "ndv2-sk-1.json"), collective="allreduce")
+    assert lower(algo, max_tbs=136, instances=8).max_threadblocks == 136  # 17 blocks an instance, 8 instances
+    wide = lower(algo, max_tbs=1000, instances=2)
+    assert wide.max_threadblocks == 34
+    assert max(len({st.depid for tb in g.threadblocks for st in tb.steps if st.depid >= 0}) for g in wide.gpus) > 16
+    monkeypatch.setattr(lowering_module, "MAX_DEPID", 15)
+    monkeypatch.setattr(importlib.import_module("taccl.lowering.emit"), "MAX_DEPID", 15)
+    narrow = lower(algo, max_tbs=1000, instances=2)
+    assert narrow.max_threadblocks <= 16 and narrow.nchunksperloop == wide.nchunksperloop  # two instances still
+    assert max(st.depid for g in narrow.gpus for tb in g.threadblocks for st in tb.steps) <= 15
+    assert check_program(narrow).ok
+
+
 def test_default_instances_halve_until_the_blocks_fit():
     # the algorithm asks for 4 instances; with room for fewer blocks the default count is halved (each
     # instance repeats every block), while an explicit count that does not fit is refused

@@ -528,8 +528,10 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
     ops = _cap_cnt(ops)
     if not opts.fused_receives:
         ops = _receive_then_reduce(ops)
-    # a block others wait on needs an id <= 127 (int8): past 128 blocks that cannot hold for every target
-    per_instance_tbs = max(1, min(opts.max_tbs, MAX_DEPID + 1) // N)
+    # as many blocks as the SMs hold (emit gives the blocks others wait on the ids <= 127 that int8 stores);
+    # should more than 128 blocks of a rank be waited on, it is built again within 128 blocks
+    tb_limit = opts.max_tbs
+    per_instance_tbs = max(1, tb_limit // N)
     # a block has one send peer and one receive peer: a rank with more peers on one side than the blocks
     # allow cannot be lowered at all (checked before building: on 1024 ranks a build takes minutes)
     rank, peers = _most_peers(ops)
@@ -568,10 +570,17 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
             last_problems = [f"a rank stores at least {program.nodes} XML nodes > {opts.max_nodes} (the "
                              f"parser's MAX_NODES)"]
             break
-        problems = check_limits(program, max_tbs=opts.max_tbs, max_steps=opts.max_steps, max_nodes=opts.max_nodes)
+        problems = check_limits(program, max_tbs=tb_limit, max_steps=opts.max_steps, max_nodes=opts.max_nodes)
+        if problems and all("dependency on tb" in p for p in problems) and tb_limit > MAX_DEPID + 1:
+            tb_limit = MAX_DEPID + 1  # more blocks waited on than int8 ids: the same attempt within 128 blocks
+            per_instance_tbs = max(1, tb_limit // N)
+            k -= 1
+            continue
         if problems:
             last_problems = problems
-            if len(problems) == 1 and "thread blocks" in problems[0]:
+            # (within 128 blocks, a block id past 127 is one block too many)
+            if "thread blocks" in problems[0] and all("thread blocks" in p or "dependency on tb" in p
+                                                      for p in problems):
                 if not packed:
                     # too many thread blocks: pack connections into shared thread blocks, same modes again
                     packed = True
