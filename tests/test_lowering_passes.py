@@ -797,6 +797,32 @@ def test_auto_also_lowers_its_fastest_policy_with_each_connection_on_two_blocks(
         lower(algo, topology=topo, connection_blocks=9)
 
 
+def test_auto_also_ranks_each_program_of_over_128_blocks_merged_within_the_dependency_ids(tmp_path):
+    # 2x DGX H100 AllReduce, chunks cut in four on four instances at 16 MiB: on two blocks a connection the
+    # program takes 132 blocks a rank (104.1 us); merged down to 32 an instance, as every rank was before
+    # it could use all 132 SMs, one peer's sending and receiving blocks share one and it takes 101.4 us.
+    # "auto" lowers both and keeps the faster
+    import json
+    from pathlib import Path
+
+    from taccl.simulator import Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    doc = json.loads((root / "sketches" / "dgx-h100-hier.json").read_text())
+    doc.update(collective="allreduce", input_size="16M",
+               hyperparameters={"input_chunkup": 4, "instances": 4, "protocol": "Simple"})
+    (tmp_path / "sketch.json").write_text(json.dumps(doc))
+    algo = synthesize(load_sketch(tmp_path / "sketch.json"))
+    topo = algo.load_topology()
+    wide = lower(algo, topology=topo, max_tbs=132, fusion="schedule", connection_blocks=2)
+    best = lower(algo, topology=topo, max_tbs=132)
+    assert wide.max_threadblocks == 132 and best.max_threadblocks == 128 and check_program(best).ok
+    time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    assert time_of(best) < 0.99 * time_of(wide)
+
+
 def test_auto_also_tries_two_blocks_a_connection_on_its_second_fastest_policy():
     # 1x NDv2 AllToAll, Simple on six instances at 1 MiB: unfused is the fastest policy (41.9 us) and loses on
     # two blocks a connection at 4 MiB; the schedule's fusion (47.1 us) on two blocks takes 35.9 and is kept:

@@ -71,6 +71,9 @@ class LoweringOptions:
     # then alternate between blocks, so a block waiting for one chunk's partial does not hold the next
     # chunk's send back (None: as many as block_steps needs)
     connection_blocks: int | None = None
+    # merge each instance's blocks down to its share of the 128 ids a dependency can name (int8), as before a
+    # rank could have more blocks than that: fewer blocks, where one peer's sends and receives share one
+    blocks_within_ids: bool = False
     max_nodes: int = MAX_NODES  # XML nodes a rank's parser stores (a custom runtime build may allow more)
     fuse: bool = True
     # False for a runtime that runs no fused step (RCCL, `taccl.targets`): no fusion, and a remote reduction
@@ -209,7 +212,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`) are lowered again with each
     connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
     the fastest where it is faster and loses less against it at 4x the size than it gains at the size (a
-    loss within `TIE_TOLERANCE` is none: the ranking breaks the tie). The candidates are lowered unchecked
+    loss within `TIE_TOLERANCE` is none: the ranking breaks the tie). Where `max_tbs` is over 128, each
+    candidate with more blocks than that is also lowered with each instance's blocks merged down to its share
+    of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates are lowered unchecked
     and only the one returned is proven (on 16 nodes a proof takes seconds); a policy whose program fails the
     proof or deadlocks in simulation is lowered again proving each fusion mode (falling back to the next
     mode) and the candidates are ranked again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS`
@@ -361,6 +366,16 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         if fastest > SCHEDULE_KEPT * algorithm.time_us:
             for base in bases:
                 spread(base, MORE_CONNECTION_BLOCKS)
+    if kw["max_tbs"] > MAX_DEPID + 1:
+        # past 128 blocks a rank fewer pairs of blocks have to share one, but the links are shared in other
+        # ways, and not always faster (16x DGX H100 AllGather, LL128 on four instances at 16 MiB: 75.2 us on
+        # 132 blocks, 73.4 with each instance's blocks merged down to 32): such programs are lowered again that
+        # way and ranked with the others
+        for k in list(candidates):
+            if candidates[k].max_threadblocks > MAX_DEPID + 1:
+                names.append(f"{names[k]}, blocks within the dependency ids")
+                policies.append({**policies[k], "blocks_within_ids": True})
+                add(len(policies) - 1)
     proven = set()  # policies lowered again with each fusion mode proven
     while True:
         if len(candidates) > 1:
@@ -438,7 +453,8 @@ def _simulated_us(program: Program, topology, nbytes: int, simulated: dict) -> f
 
 def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
                keep_schedule, network_fan_out=0, flag_us=0.0, converges=None,
-               block_steps=None, connection_blocks=None, fused_receives=True, shared=None) -> tuple:
+               block_steps=None, connection_blocks=None, fused_receives=True, blocks_within_ids=False,
+               shared=None) -> tuple:
     """(the program, how its converging reductions land (`CONVERGE_MODES`), its instances). `shared` keeps
     the collective and the ChunkOps for the next call (no pass changes them; 16x DGX H100: 0.5 s a call)."""
     proto = algorithm.protocol if proto is None else proto
@@ -462,7 +478,7 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
                                    max_tbs=max_tbs, fuse=fuse, keep_schedule=keep_schedule,
                                    network_fan_out=network_fan_out, flag_us=flag_us, check=check,
                                    block_steps=block_steps, connection_blocks=connection_blocks,
-                                   fused_receives=fused_receives)
+                                   fused_receives=fused_receives, blocks_within_ids=blocks_within_ids)
             opts.validate()
             if (n > 1, converge) not in shared:
                 shared[(n > 1, converge)] = algorithm_ops(algorithm, coll, single=n > 1, converge=converge)
@@ -531,7 +547,7 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
     # as many blocks as the SMs hold (emit gives the blocks others wait on the ids <= 127 that int8 stores);
     # should more than 128 blocks of a rank be waited on, it is built again within 128 blocks
     tb_limit = opts.max_tbs
-    per_instance_tbs = max(1, tb_limit // N)
+    per_instance_tbs = max(1, min(tb_limit, MAX_DEPID + 1 if opts.blocks_within_ids else tb_limit) // N)
     # a block has one send peer and one receive peer: a rank with more peers on one side than the blocks
     # allow cannot be lowered at all (checked before building: on 1024 ranks a build takes minutes)
     rank, peers = _most_peers(ops)
