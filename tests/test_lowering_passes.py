@@ -555,9 +555,10 @@ def test_a_candidate_the_simulator_refuses_is_ranked_last_not_an_error(monkeypat
 
 
 def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
-    # 2x DGX H100 AllReduce over the rails, Simple at 16 MiB: eager fusion in time order deadlocks with
-    # Simple's two-call FIFOs (the simulator says so too); ranking the unchecked candidates must not fail on
-    # it, and that policy is lowered again with each fusion mode proven (it falls back to the safe mode)
+    # 2x DGX H100 AllReduce over the rails, Simple at 16 MiB: eager fusion in time order, with each instance's
+    # blocks merged down to 32 (one of the programs "auto" ranks on 132 SMs), deadlocks with Simple's
+    # two-call FIFOs (the simulator says so too); ranking the unchecked candidates must not fail on it, and
+    # that policy is lowered again with each fusion mode proven (it falls back to the safe mode)
     from pathlib import Path
 
     from taccl.simulator import Simulator
@@ -572,7 +573,7 @@ def test_a_fusion_policy_that_deadlocks_unchecked_is_lowered_again_proven():
                       options=SynthesisOptions(time_limit_s=20, stall_s=1, proto="Simple", instances=4))
     topo = algo.load_topology()
     eager = _lower_policy(algo, max_tbs=132, check=False, keep_schedule=False, flag_us=topo.spec.sync_us,
-                          converges=("aside",))[0]
+                          converges=("aside",), blocks_within_ids=True)[0]
     assert not check_program(eager).ok
     with pytest.raises(CheckFailed, match="deadlocks in simulation"):
         Simulator(eager, topo).run(algo.input_size_bytes)
