@@ -287,9 +287,8 @@ def test_every_sm_holds_a_block_and_the_waited_on_blocks_keep_int8_ids(monkeypat
     # (int8): emit gives the blocks others wait on the small ids. Where more blocks than ids are waited on, the
     # program is built again within the ids. Here the ids are cut to 16: this AllReduce on two instances has
     # 34 blocks a rank, 22 of them waited on, so it must come back within 16 blocks (packed)
-    from pathlib import Path
-
     import importlib
+    from pathlib import Path
 
     import taccl.lowering as lowering_module
     from taccl.sketch import load_sketch
