@@ -4,11 +4,12 @@
 
 ``ingress_us``
     per-GPU ingress bound: the bytes some GPU must receive divided by the sum of the bandwidths of its
-    distinct ingress resources (direct links, switch in-ports, its NIC when there are several nodes), plus
-    the smallest alpha among them (a link that carries v bytes is busy at least alpha + v/bw). Where GPUs
-    share a NIC (DGX-2: a pair; NDv2: all eight) the same holds for the group: the bytes its GPUs must
-    receive together, over the distinct resources of the group, so the shared NIC counts once and not once
-    per GPU.
+    distinct ingress resources (direct links, switch in-ports, its NIC when there are several nodes), each
+    carrying data only after its alpha (by time t a resource has moved at most bw (t - alpha) bytes: the
+    smallest alpha plus the bytes over the summed bandwidth where all alphas are equal, more where the
+    NIC's latency is longer than the NVSwitch's). Where GPUs share a NIC (DGX-2: a pair; NDv2: all eight)
+    the same holds for the group: the bytes its GPUs must receive together, over the distinct resources
+    of the group, so the shared NIC counts once and not once per GPU.
 ``egress_us``
     the same for the bytes some GPU (group) must send.
 ``cut_us``
@@ -164,13 +165,25 @@ def _local_resources(spec, multi_node: bool, proto: str):
 
 
 def _port_bound(volume: float, resources: dict) -> float:
-    """The least time to move `volume` bytes through distinct `resources` (resource -> (GB/s, alpha))."""
+    """The least time to move `volume` bytes through distinct `resources` (resource -> (GB/s, alpha)).
+
+    A transfer's data holds a resource after the sender's share of alpha and arrives with the rest of alpha
+    still in flight, so by time t a resource of bandwidth B and latency alpha has carried at most
+    B * (t - alpha) bytes: the answer is the t at which these sum to `volume` (a resource whose alpha is
+    larger carries nothing). With one latency for all it is alpha + volume / (sum of B); where they differ
+    (DGX H100 in Simple: the NVSwitch port's 4.1 us, the NIC's 14), more than the smallest alpha plus the
+    volume over all the bandwidth."""
     if volume <= 0:
         return 0.0
-    if not resources:
-        return INF
-    bw = sum(b for b, _ in resources.values())
-    return INF if bw <= 0 else min(a for _, a in resources.values()) + volume / (bw * 1000.0)
+    usable = sorted((a, b) for b, a in resources.values() if b > 0)
+    bw = alpha_bw = 0.0  # sum of B, sum of B * alpha over the resources that carry data by then
+    for k, (alpha, b) in enumerate(usable):
+        bw += b * 1000.0
+        alpha_bw += b * 1000.0 * alpha
+        t = (volume + alpha_bw) / bw
+        if k + 1 == len(usable) or t <= usable[k + 1][0]:
+            return t
+    return INF
 
 
 def _nic_groups(spec) -> list:
