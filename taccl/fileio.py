@@ -35,11 +35,26 @@ def is_count(value, low: int | None = None, high: int | None = None) -> bool:
             and (high is None or value <= high))
 
 
+class _NotJsonNumber(ValueError):
+    pass
+
+
+def _refuse_constant(name: str):
+    raise _NotJsonNumber(name)
+
+
 def load_json(path):
-    """Parse a JSON file; a syntax error names its line and column."""
+    """Parse a JSON file; a syntax error names its line and column. NaN and Infinity, which Python's parser
+    takes but JSON has not, are refused too: a NaN bandwidth would pass every range check of the schema."""
     text = read_text(path)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
+    except _NotJsonNumber as exc:
+        at = text.find(str(exc))
+        line = text.count("\n", 0, at) + 1
+        column = at - (text.rfind("\n", 0, at) + 1) + 1
+        raise UserError(f"invalid JSON: {exc} is not a JSON number", path=str(path),
+                        where=f"line {line} column {column}") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"invalid JSON: {exc.msg}", path=str(path), where=f"line {exc.lineno} column {exc.colno}") from None
     except RecursionError:

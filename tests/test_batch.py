@@ -330,6 +330,29 @@ def test_invalid_yaml_names_the_line(tmp_path, capsys):
     assert "bad.yaml: line 3" in capsys.readouterr().err
 
 
+def test_nan_and_infinity_are_refused_in_a_sku_and_in_json_files(tmp_path, capsys):
+    # YAML's .nan passes every bound of the schema, and Python's JSON parser takes NaN and Infinity
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"topology: ndv2\nnodes: [2]\ncollectives: [allgather]\nsizes: [1KiB, .nan]\n"
+                   f"time_limit_s: .nan\nmerge_tolerance: .inf\ncandidates:\n  - sketch: {SKETCH}\n")
+    out = tmp_path / "out"
+    assert main(["batch", str(bad), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "3 problems" in err and "Traceback" not in err and not out.exists()
+    for text in ("line 4: $.sizes[1]: not a finite number", "line 5: $.time_limit_s: not a finite number",
+                 "line 6: $.merge_tolerance: not a finite number"):
+        assert text in err, text
+    topo = json.loads((ROOT / "topologies" / "ndv2.json").read_text())
+    topo["runtime"]["sync_us"] = float("nan")
+    path = tmp_path / "nan-topology.json"
+    path.write_text(json.dumps(topo, indent=1))
+    assert main(["baseline", "ring", "--topology", str(path), "--nodes", "1", "-o", str(tmp_path / "r.xml")]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "NaN" in text)
+    assert f"nan-topology.json: line {line} column" in err and "NaN is not a JSON number" in err, err
+    assert not (tmp_path / "r.xml").exists()
+
+
 def test_sketch_that_does_not_fit_the_topology_is_a_sku_error(tmp_path):
     path = tmp_path / "sku.yaml"
     path.write_text(f"topology: dgx2\nnodes: [2]\ncollectives: [allgather]\ncandidates:\n  - sketch: {SKETCH}\n")

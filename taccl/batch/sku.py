@@ -24,6 +24,7 @@ any work starts. Schema: `taccl/schemas/sku.schema.json`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,8 +183,19 @@ def _drop(doc, parts) -> None:
 def _schema_problems(doc, problems: _Problems) -> None:
     import jsonschema
 
+    # YAML's .nan and .inf: NaN passes every bound of the schema. Reported once each, not again by the
+    # schema at the value or by an alternative of the list or mapping that holds it
+    bad = _non_finite(doc)
+    for parts in bad:
+        problems.add(parts, "not a finite number")
+
+    def about_bad(err) -> bool:
+        at = tuple(err.absolute_path)
+        return any(at[:len(b)] == b or (err.validator in ("anyOf", "oneOf") and b[:len(at)] == at) for b in bad)
+
     validator = jsonschema.Draft7Validator(load_schema("sku.schema.json"))
-    errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    errors = sorted((e for e in validator.iter_errors(doc) if not about_bad(e)),
+                    key=lambda e: [str(p) for p in e.absolute_path])
     for err in errors:
         parts = tuple(err.absolute_path)
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
@@ -195,6 +207,19 @@ def _schema_problems(doc, problems: _Problems) -> None:
     for err in errors:
         if err.absolute_path and err.validator != "additionalProperties":
             _drop(doc, tuple(err.absolute_path))
+    for parts in bad:
+        _drop(doc, parts)
+
+
+def _non_finite(node, parts=()) -> list:
+    """JSON paths (tuples) of the NaN and infinite numbers in a parsed document."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return [parts]
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _non_finite(v, parts + (k,))]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _non_finite(v, parts + (i,))]
+    return []
 
 
 def _items(value) -> list:
