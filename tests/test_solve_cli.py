@@ -49,7 +49,7 @@ def test_solve_writes_algorithm_with_stage_statistics(tmp_path, capsys):
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     doc = json.loads((tmp_path / "ndv2-sk-1.algo.json").read_text())
-    assert summary["time_us"] == pytest.approx(doc["time_us"])
+    assert summary["time_us"] == pytest.approx(doc["time_us"]) and summary["simulated_us"] is None  # no XML
     assert summary["elapsed_s"] > 0 and summary["peak_memory_mb"] > 10  # a Python process with HiGHS loaded
     stages = {s["stage"]: s for s in doc["stages"]}
     assert set(stages) == {"routing", "ordering", "contiguity"}
@@ -198,10 +198,15 @@ def test_solved_program_serves_in_place_calls_when_proven(tmp_path, capsys):
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["inplace"] is True
+    from taccl.simulator import simulate
+    from taccl.topology import load_topology
     from taccl.xmlio import read_program
 
     prog = read_program(tmp_path / "ndv2-single.xml")
     assert prog.inplace and prog.outofplace
+    # the written program's time on the calibrated simulator, beside the schedule's
+    size = json.loads((tmp_path / "ndv2-single.algo.json").read_text())["input_size_bytes"]
+    assert summary["simulated_us"] == pytest.approx(simulate(prog, load_topology("ndv2", 1), size).time_us)
     # an AllToAll program cannot run in place (a rank overwrites blocks it has yet to send)
     rc = main(["solve", str(ROOT / "sketches" / "ndv2-single.json"), "--collective", "alltoall", "--json",
                "-o", str(tmp_path), "--time-limit", "5"])
@@ -212,7 +217,7 @@ def test_solve_reports_what_each_long_stage_is_doing(tmp_path, capsys):
     rc = main(["solve", str(ROOT / "sketches" / "ndv2-single.json"), "-o", str(tmp_path)])
     assert rc == 0
     err = capsys.readouterr().err
-    for line in ("routing:", "ordering:", " distinct programs, ranked on the simulator",
+    for line in ("routing:", "ordering:", " distinct programs, ranked on the simulator", "simulated: ",
                  "lowering: proving the fastest (policy", "proving it for in-place calls", "finished in"):
         assert line in err, line
 
