@@ -122,8 +122,9 @@ SPREAD_BLOCK_STEPS = 8
 # fastest program
 CONNECTION_BLOCKS = 2
 TWO_BLOCKS_POLICIES = 2
-# where the fastest program so far takes more than SCHEDULE_KEPT times the schedule's time, "auto" also lowers the
-# same policies with each connection on MORE_CONNECTION_BLOCKS blocks (the same test of the sizes above)
+# where the fastest program so far takes more than SCHEDULE_KEPT times the schedule's time, or is one on two
+# blocks a connection, "auto" also lowers the same policies with each connection on MORE_CONNECTION_BLOCKS
+# blocks (the same test of the sizes above)
 SCHEDULE_KEPT = 1.10
 MORE_CONNECTION_BLOCKS = 4
 # above this many transfers "auto" lowers the schedule's policy alone: each policy's build takes minutes there
@@ -212,7 +213,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`) are lowered again with each
     connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
     the fastest where it is faster and loses less against it at 4x the size than it gains at the size (a
-    loss within `TIE_TOLERANCE` is none: the ranking breaks the tie). Where `max_tbs` is over 128, each
+    loss within `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the fastest,
+    or the fastest is still over `SCHEDULE_KEPT` times the schedule's time, the same again on
+    `MORE_CONNECTION_BLOCKS` blocks. Where `max_tbs` is over 128, each
     candidate with more blocks than that is also lowered with each instance's blocks merged down to its share
     of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates are lowered unchecked
     and only the one returned is proven (on 16 nodes a proof takes seconds); a policy whose program fails the
@@ -344,6 +347,8 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         at_size = {key: _simulated_us(p, topology, size, simulated) for key, p in candidates.items()}
         others = sorted((key for key in candidates if key != best and math.isfinite(at_size[key])),
                         key=lambda key: (at_size[key], key))
+        spread_keys = set()  # the candidates on two blocks a connection
+
         def spread(base, blocks):
             names.append(f"{names[base]}, {blocks} blocks a connection")
             policies.append({**policies[base], "connection_blocks": blocks})
@@ -355,15 +360,20 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
                 # (a loss within a tie is none: the ranking below breaks ties as for the other policies)
                 if not math.isfinite(two_at + two_above) or loss > max(TIE_TOLERANCE, gain):
                     del candidates[k]
+                else:
+                    spread_keys.add(k)
 
         bases = [best] + others[:TWO_BLOCKS_POLICIES - 1]
         for base in bases:
             spread(base, CONNECTION_BLOCKS)
-        # still far from the schedule: the connections may need more blocks than two to reach the link's
-        # bandwidth (LL on DGX A100: a block moves 9 GB/s, a GPU's NVSwitch port 63; the two-route
-        # ReduceScatter at 1 MiB, one instance: 24.1 us on two blocks, 20.9 on four, as the schedule says)
+        # still far from the schedule, or faster on two blocks a connection than on one: the connections may
+        # need more blocks than two to reach the link's bandwidth or to hide their per-step latency (LL on DGX
+        # A100: a block moves 9 GB/s, a GPU's NVSwitch port 63; the two-route ReduceScatter at 1 MiB, one
+        # instance: 24.1 us on two blocks, 20.9 on four, as the schedule says; 2x NDv2 AllGather at 1 MiB,
+        # Simple, unfused: 167.5 us on one block, 111.5 on two, 104.1 on four)
         fastest = min(_simulated_us(p, topology, size, simulated) for p in candidates.values())
-        if fastest > SCHEDULE_KEPT * algorithm.time_us:
+        leader, _ = _ranked(candidates, topology, size, simulated)
+        if fastest > SCHEDULE_KEPT * algorithm.time_us or leader in spread_keys:
             for base in bases:
                 spread(base, MORE_CONNECTION_BLOCKS)
     if kw["max_tbs"] > MAX_DEPID + 1:
