@@ -347,7 +347,7 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         at_size = {key: _simulated_us(p, topology, size, simulated) for key, p in candidates.items()}
         others = sorted((key for key in candidates if key != best and math.isfinite(at_size[key])),
                         key=lambda key: (at_size[key], key))
-        spread_keys = set()  # the candidates on two blocks a connection
+        spread_keys = set()  # the candidates spread over more blocks a connection that were kept
 
         def spread(base, blocks):
             names.append(f"{names[base]}, {blocks} blocks a connection")
