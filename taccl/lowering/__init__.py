@@ -557,7 +557,7 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
     # as many blocks as the SMs hold (emit gives the blocks others wait on the ids <= 127 that int8 stores);
     # should more than 128 blocks of a rank be waited on, it is built again within 128 blocks
     tb_limit = opts.max_tbs
-    per_instance_tbs = max(1, min(tb_limit, MAX_DEPID + 1 if opts.blocks_within_ids else tb_limit) // N)
+    per_instance_tbs = max(1, (min(tb_limit, MAX_DEPID + 1) if opts.blocks_within_ids else tb_limit) // N)
     # a block has one send peer and one receive peer: a rank with more peers on one side than the blocks
     # allow cannot be lowered at all (checked before building: on 1024 ranks a build takes minutes)
     rank, peers = _most_peers(ops)
