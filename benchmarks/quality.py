@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from instances import COMPANIONS, INSTANCES, SKETCHES  # noqa: E402
 
 from taccl.baselines import BASELINES, applicable, build  # noqa: E402
+from taccl.batch.jobs import CAPPED_BLOCKS  # noqa: E402
 from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, target_shortfall  # noqa: E402
 from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
@@ -80,13 +81,13 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
                     algo = synthesize(sk_at, nodes=topo.nodes, collective=collective.name, input_size=at,
                                       options=SynthesisOptions(time_limit_s=args.time_limit, threads=1,
                                                                proto=proto, instances=inst))
-                    # as a SKU's batch: each policy, and "auto" also with one block a connection (where it put
-                    # connections on two, the program it replaced can win further up)
+                    # as a SKU's batch: each policy, and "auto" also with connections spread over one and two
+                    # blocks at most (where it spread them further, the program it replaced can win further up)
                     memo, seen = LoweringMemo(), set()
                     for fusion in fusions:
-                        for suffix, blocks in [("", None)] + ([("+one-block", 1)] if fusion == "auto" else []):
+                        for blocks, suffix in [(None, "")] + (list(CAPPED_BLOCKS) if fusion == "auto" else []):
                             program = lower(algo, max_tbs=max_tbs, topology=topo, fusion=fusion,
-                                            connection_blocks=blocks, memo=memo)
+                                            max_connection_blocks=blocks, memo=memo)
                             text = program_to_xml(program)
                             if text in seen:
                                 continue

@@ -405,14 +405,15 @@ def test_cache_key_follows_the_inputs(tmp_path):
 
 def test_a_fusion_variant_lowers_each_synthesis_once_more(tmp_path):
     # `fusion: [auto, network]`: the network one (labelled so) on two nodes only, where sends leave a node;
-    # "auto" also with each connection on one block; the default program keeps the key it had without the variant
+    # "auto" also with each connection on one block and on two at most; the default program keeps the key it had
+    # without the variant
     path = tmp_path / "sku.yaml"
     hier = ROOT / "sketches" / "ndv2-hier.json"
     base = f"topology: ndv2\nnodes: [1, 2]\ncollectives: [allreduce]\ncandidates:\n  - sketch: {hier}\n"
     path.write_text(base + "    variants: {protocol: [LL], fusion: [auto, network]}\n")
     tasks = [t for t in plan(load_sku(path)) if t.kind == "synthesis"]
     labels = {t.nodes: sorted(p.label for p in t.programs) for t in tasks}
-    auto = ["ndv2-hier@1MiB/LL", "ndv2-hier@1MiB/LL+one-block"]
+    auto = ["ndv2-hier@1MiB/LL", "ndv2-hier@1MiB/LL+one-block", "ndv2-hier@1MiB/LL+two-block"]
     assert labels == {1: auto, 2: auto[:1] + ["ndv2-hier@1MiB/LL+network"] + auto[1:]}
     assert {p.fusion for t in tasks for p in t.programs} == {"auto", "network"}
     path.write_text(base + "    variants: {protocol: [LL]}\n")
@@ -423,29 +424,37 @@ def test_a_fusion_variant_lowers_each_synthesis_once_more(tmp_path):
         load_sku(path)
 
 
-def test_auto_competes_with_one_block_a_connection_too_and_a_program_twice_is_simulated_once(tmp_path, monkeypatch):
-    # "auto" may put each connection on two blocks where that wins at the synthesis size, and lose further up,
-    # where a window may still serve: its one-block program competes too. 2x NDv2 AllGather at
-    # 1 MiB: in Simple auto takes two blocks (a program of its own), in LL it keeps one (the same program,
-    # lowered once through the memo, simulated once)
+def test_auto_competes_with_fewer_blocks_a_connection_too_and_a_program_twice_is_simulated_once(tmp_path,
+                                                                                                  monkeypatch):
+    # "auto" may spread each connection over two or four blocks where that wins at the synthesis size, and lose
+    # further up, where a window may still serve: the programs capped at one and two blocks compete too. 2x
+    # NDv2 AllGather at 1 MiB: in Simple auto takes four blocks, and the capped programs are programs of their
+    # own; in LL it keeps one, and the three are the same program, lowered once through the memo, simulated once
     import taccl.batch.jobs as jobs
 
     simple, ll = [t for t in plan(load_sku(sku_file(tmp_path))) if t.kind == "synthesis"][:2]
     for task in (simple, ll):
-        assert [(p.label, p.connection_blocks) for p in task.programs] == [(task.label, None),
-                                                                           (task.label + "+one-block", 1)]
+        assert [(p.label, p.max_connection_blocks) for p in task.programs] == [
+            (task.label, None), (task.label + "+one-block", 1), (task.label + "+two-block", 2)]
     simulated = []
     real = jobs._simulate
     monkeypatch.setattr(jobs, "_simulate", lambda *a, **k: simulated.append(a[1].label) or real(*a, **k))
-    for task, same in ((simple, False), (ll, True)):
+    for task, distinct in ((simple, 3), (ll, 1)):
         simulated.clear()
         records = []
         jobs.execute(task, records.append)
         by_key = {r["key"]: r for r in records}
-        auto, one = ([by_key[p.key], by_key[p.sim_key]] for p in task.programs)
-        assert (jobs._unnamed_digest(auto[0]["xml"]) == jobs._unnamed_digest(one[0]["xml"])) == same
-        assert simulated == [p.label for p in task.programs][:2 - same] and one[1]["status"] == "ok"
-        assert (one[1]["time_us"] == auto[1]["time_us"]) == same and one[1]["label"] == one[0]["label"]
+        progs = [(by_key[p.key], by_key[p.sim_key]) for p in task.programs]
+        digests = [jobs._unnamed_digest(xml["xml"]) for xml, _ in progs]
+        assert len(set(digests)) == distinct
+        # each distinct program simulated once, the first to have it; a repeat has its times under its own label
+        assert simulated == [p.label for i, (p, d) in enumerate(zip(task.programs, digests)) if digests.index(d) == i]
+        for (xml, sim), d in zip(progs, digests):
+            assert sim["status"] == "ok" and sim["label"] == xml["label"]
+            assert sim["time_us"] == progs[digests.index(d)][1]["time_us"]
+        if distinct > 1:  # auto keeps the fastest at the synthesis size (in the grid)
+            at = progs[0][1]["sizes"].index(task.size_bytes)
+            assert progs[0][1]["time_us"][at] < min(sim["time_us"][at] for _, sim in progs[1:])
 
 
 def test_second_batch_on_the_same_outdir_is_refused(tmp_path):

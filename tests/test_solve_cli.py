@@ -341,6 +341,34 @@ def test_lower_spreads_connections_over_the_blocks_asked_for(tmp_path, capsys):
     assert not (tmp_path / "none.xml").exists()
 
 
+def test_lower_caps_the_blocks_auto_spreads_a_connection_over(tmp_path, capsys):
+    # the README's demo (2x NDv2 AllGather, Simple at 1 MiB): "auto" spreads connections over four blocks;
+    # capped at two and at one it keeps the programs it replaced, each slower at the input size
+    from taccl.simulator import Simulator
+    from taccl.topology import Topology, load_spec
+    from taccl.xmlio import parse_xml
+
+    assert main(["solve", SKETCH, "-o", str(tmp_path), "--no-xml", "-q"]) == 0
+    algo = next(tmp_path.glob("*.algo.json"))
+    times, texts = [], set()
+    for cap in (None, 2, 1):
+        out = tmp_path / f"cap{cap}.xml"
+        capped = ["--max-connection-blocks", str(cap)] if cap else []
+        assert main(["lower", str(algo), "-o", str(out), "-q"] + capped) == 0
+        assert main(["check", str(out), "-q"]) == 0
+        texts.add(out.read_text().split("\n", 1)[1])
+        program = parse_xml(out.read_text()).program
+        times.append(Simulator(program, Topology(load_spec("ndv2"), 2)).run(1 << 20).time_us)
+    assert len(texts) == 3 and times == sorted(times), times
+    capsys.readouterr()
+    for args, needle in ((["--max-connection-blocks", "0"], "--max-connection-blocks must be from 1 to"),
+                         (["--connection-blocks", "4", "--max-connection-blocks", "2"], "give one of them")):
+        assert main(["lower", str(algo), "-o", str(tmp_path / "none.xml")] + args) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and str(algo) in err, err
+        assert not (tmp_path / "none.xml").exists()
+
+
 def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, capsys):
     assert main(["solve", SKETCH, "-o", str(tmp_path), "--no-xml", "-q"]) == 0
     good = next(tmp_path.glob("*.algo.json"))

@@ -33,11 +33,14 @@ from ..units import format_size
 from .sku import Sku
 
 CACHE_FORMAT = 1
-# the label suffix of a synthesis lowered by "auto" with each connection on one thread block
-# (`lower(connection_blocks=1)`): "auto" spreads connections over two blocks where that is faster at the input
-# size and loses less at 4x it, and the spread program can lose further up (2x DGX H100 AllReduce synthesized
-# at 64 KiB: faster at 64 and 256 KiB, 2.9% slower at 1 MiB), where the batch's windows may still run it
-_ONE_BLOCK = "+one-block"
+# the label suffixes of a synthesis lowered by "auto" with each connection spread over at most 1 or 2 thread
+# blocks (`lower(max_connection_blocks=...)`): "auto" spreads connections over two or four blocks where that is
+# faster at the input size and loses less at 4x it, and the spread program can lose further up, where the
+# batch's windows may still run it (2x DGX H100 AllReduce synthesized at 64 KiB: two blocks faster at 64 and
+# 256 KiB, 2.9% slower at 1 MiB; 16x DGX H100 AllToAll at 64 KiB: four blocks 33% faster there, 5% slower
+# than two at 16 MiB). Through the synthesis' `LoweringMemo` they cost only their simulation, and none where
+# they are the "auto" program itself
+CAPPED_BLOCKS = ((1, "+one-block"), (2, "+two-block"))
 # `plan` traces each baseline to see that the topology has its links (a 128-rank ring AllReduce: 260 k
 # operations, 3 s); past this many its task finds out instead (a 512-rank ring: 2 M, tens of seconds and GBs)
 PLAN_TRACE_MAX_OPS = 300_000
@@ -80,7 +83,7 @@ class ProgramJob:
     instances: int
     fusion: str = "auto"  # synthesized programs: the lowering policy (`taccl.lowering.FUSION_POLICIES`)
     target: str = "msccl-executor"  # the lowering's target (`taccl.targets.lowered_for`)
-    connection_blocks: int | None = None  # synthesized programs: `lower`'s (None: its own choice)
+    max_connection_blocks: int | None = None  # synthesized programs: `lower`'s (None: its own choice)
 
 
 @dataclass
@@ -143,11 +146,11 @@ def plan(sku: Sku) -> list:
     grid = list(sku.grid)
 
     def program(key, label, kind, source, proto, inst, nodes, fusion="auto", target=DEFAULT_TARGET,
-                connection_blocks=None):
+                max_connection_blocks=None):
         sim_key = digest({"kind": "simulation", "program": key, "topology": topo_fp, "nodes": nodes, "sizes": grid,
                           "options": sim_opts})
         return ProgramJob(key=key, sim_key=sim_key, label=label, kind=kind, source=source, proto=proto, instances=inst,
-                          fusion=fusion, target=target, connection_blocks=connection_blocks)
+                          fusion=fusion, target=target, max_connection_blocks=max_connection_blocks)
 
     # a synthesis is lowered once per distinct lowering target (RCCL's has no fused steps; legacy runs the
     # executor's); the executor's keys and labels are those of a SKU without targets, so its cache stays valid
@@ -191,11 +194,12 @@ def plan(sku: Sku) -> list:
                                             progs.append(program(pkey, lab, "synthesized", cand.name, proto, inst, n,
                                                                  fusion, target))
                                             if fusion == "auto" and get_target(target).fused_steps:
-                                                # and with one block a connection (`_ONE_BLOCK`)
-                                                pkey, lab = targeted({**pdoc, "connection_blocks": 1},
-                                                                     plabel + _ONE_BLOCK, target)
-                                                progs.append(program(pkey, lab, "synthesized", cand.name, proto,
-                                                                     inst, n, fusion, target, connection_blocks=1))
+                                                # and with connections spread over fewer blocks (CAPPED_BLOCKS)
+                                                for blocks, suffix in CAPPED_BLOCKS:
+                                                    pkey, lab = targeted({**pdoc, "max_connection_blocks": blocks},
+                                                                         plabel + suffix, target)
+                                                    progs.append(program(pkey, lab, "synthesized", cand.name, proto,
+                                                                         inst, n, fusion, target, blocks))
                                     tasks.append(Task(kind="synthesis", key=key, label=plabel, collective=coll,
                                                       nodes=n, topology=sku.topology, grid=sku.grid, programs=progs,
                                                       max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
@@ -398,8 +402,8 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo, built: dict) -> tupl
             # the algorithm's own instance count is left to `lower`, which halves it if the blocks do not fit
             program = lower(algo, instances=None if prog.instances == algo.instances else prog.instances,
                             proto=prog.proto, max_tbs=task.max_tbs, name=prog.label, topology=topo,
-                            fusion=prog.fusion, connection_blocks=prog.connection_blocks, target=prog.target,
-                            memo=built["memo"])
+                            fusion=prog.fusion, max_connection_blocks=prog.max_connection_blocks,
+                            target=prog.target, memo=built["memo"])
         else:
             program = _baseline_program(task, prog, topo, built)
             program.name = prog.label

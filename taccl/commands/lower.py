@@ -46,6 +46,9 @@ def register(subparsers) -> None:
                    help="spread each connection with several transfers over at least K thread blocks (channels), "
                         "its transfers alternating between them (default: as --block-steps needs; --fusion auto "
                         "also lowers its fastest policy with 2 and keeps that where it is faster)")
+    p.add_argument("--max-connection-blocks", type=int, default=None, metavar="K",
+                   help="--fusion auto spreads a connection over at most K thread blocks itself (1: none; default: "
+                        "as many as 4); a batch's '+one-block' and '+two-block' programs are these with 1 and 2")
     p.add_argument("--quiet", "-q", action="store_true")
     p.set_defaults(func=run)
 
@@ -79,7 +82,7 @@ def run(args) -> int:
                         max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topology and topology.spec),
                         topology=topology, fusion="none" if args.no_fusion else args.fusion,
                         block_steps=args.block_steps, connection_blocks=args.connection_blocks,
-                        target=target.name)
+                        max_connection_blocks=args.max_connection_blocks, target=target.name)
     prepare_for_target(program, target, report=warn)
     write_program(program, out, target=target.name)
     if not args.quiet:

@@ -190,8 +190,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
           max_bytes: int = 0, max_tbs: int = DEFAULT_MAX_TBS, fuse: bool = True, check: bool = True,
           name: str | None = None, topology=None, keep_schedule: bool | None = None,
           fusion: str = "auto", block_steps: int | None = None, connection_blocks: int | None = None,
-          target: str = "msccl-executor", memo: LoweringMemo | None = None,
-          report=SILENT) -> Program:
+          max_connection_blocks: int | None = None, target: str = "msccl-executor",
+          memo: LoweringMemo | None = None, report=SILENT) -> Program:
     """Lower an `taccl.algorithm.Algorithm` to a Program that `check_program` has proven.
 
     `instances` and `proto` default to the ones the algorithm was synthesized for; when the default
@@ -239,7 +239,11 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     over at least that many channels, on the same instances: neither one block's bandwidth cap nor its wait
     for a chunk's partial sum holds the connection's next transfer back (2x DGX H100 AllReduce over the
     rails, Simple on four instances at 256 MiB: 4% faster; docs/lowering.md). Given, it applies to every
-    candidate.
+    candidate. `max_connection_blocks` caps the blocks "auto" spreads a connection over itself (1: none, 2: not
+    four): a batch offers those programs too (`taccl.batch`), since the spread that wins at the input size can
+    lose far above it (16x DGX H100 AllToAll synthesized at 64 KiB, Simple on four instances, on 1/2/4 blocks a
+    connection: 172.1/87.7/59.4 us at 64 KiB, 351.0/346.5/363.5 at 16 MiB). Through a `memo` holding the
+    uncapped lowering it costs nothing new: the same candidates, fewer of them ranked.
 
     `target` (`taccl.targets`) is the runtime the program is for: for RCCL, which runs no fused step, every
     receive is a plain one (a partial sum lands in scratch and a local step adds it) and a rank has at most
@@ -256,14 +260,23 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     program = _lower(algorithm, memo or LoweringMemo(), instances=instances, proto=proto, min_bytes=min_bytes,
                      max_bytes=max_bytes, max_tbs=max_tbs, fuse=fuse, check=check, name=name, topology=topology,
                      keep_schedule=keep_schedule, fusion=fusion, block_steps=block_steps,
-                     connection_blocks=connection_blocks, target=target, report=report)
+                     connection_blocks=connection_blocks, max_connection_blocks=max_connection_blocks,
+                     target=target, report=report)
     # a memo's program may be another call's, under its name: a copy of it (the steps shared) is this call's
     return program if memo is None else replace(program, name=name or algorithm.name)
 
 
 def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_bytes, max_tbs, fuse, check, name,
-           topology, keep_schedule, fusion, block_steps, connection_blocks, target, report) -> Program:
+           topology, keep_schedule, fusion, block_steps, connection_blocks, max_connection_blocks, target,
+           report) -> Program:
     """`lower`, its policies lowered, simulated and proven through `memo`."""
+    if max_connection_blocks is not None and not 1 <= max_connection_blocks <= MAX_CHANNELS:
+        raise UserError(f"--max-connection-blocks must be from 1 to {MAX_CHANNELS}, got {max_connection_blocks}")
+    if None not in (connection_blocks, max_connection_blocks) and connection_blocks > max_connection_blocks:
+        raise UserError(f"--connection-blocks {connection_blocks} is over --max-connection-blocks "
+                        f"{max_connection_blocks}: give one of them")
+    if max_connection_blocks == 1:
+        connection_blocks = 1  # (the same program: no connection spread)
     if block_steps is None:
         block_steps = algorithm.block_steps  # the sketch's, if it gives one
     lower_one = memo.lower_one
@@ -373,7 +386,8 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         # Simple, unfused: 167.5 us on one block, 111.5 on two, 104.1 on four)
         fastest = min(_simulated_us(p, topology, size, simulated) for p in candidates.values())
         leader, _ = _ranked(candidates, topology, size, simulated)
-        if fastest > SCHEDULE_KEPT * algorithm.time_us or leader in spread_keys:
+        more = max_connection_blocks is None or max_connection_blocks >= MORE_CONNECTION_BLOCKS
+        if more and (fastest > SCHEDULE_KEPT * algorithm.time_us or leader in spread_keys):
             for base in bases:
                 spread(base, MORE_CONNECTION_BLOCKS)
     if kw["max_tbs"] > MAX_DEPID + 1:
