@@ -22,10 +22,15 @@
     receives from one peer, so without reading another block's data a sum grows by one input (the sending
     rank's own) per hop, and such a read comes no earlier than ``runtime.sync_us`` (the flag) or two hops
     (a round trip the proof may order it by) after the data was written. With R ranks and a smallest alpha
-    a, one rank's sum takes at least min((R-1) a, a + s), s = min(sync_us, 2a); across nodes, where m inputs
-    come from other nodes and the NIC's alpha is n, at least n + min((m-1) a, s): those inputs enter this
-    node in several messages, which must meet in a block after crossing the NIC, or in one connection whose
-    sender gathered them first.
+    a, one rank's sum takes at least min((R-1) a, a + s), s = min(sync_us, 2a). Across nodes, where m inputs
+    come from other nodes and the NIC's alpha is n, let G(k) = min((k-1) a, a + s) (0 for k < 2) be the least
+    time before a sending block holds k inputs of other ranks. The block that first makes a byte's sum
+    receives from one peer P. Either all m cross in P's connection, whose sender gathered them first: n +
+    G(m); or some are read from another block after they landed (+ s), and since a gathered or relayed
+    message took a hop before crossing, only inputs sent raw straight to the summing rank are read sooner.
+    With k inputs through P, each of the M summed bytes then has m - k raw copies to carry through the NICs
+    before the flag: at least n + max(G(k), s + (m - k) M / (every node's NIC bandwidth summed)), the least
+    over k. (2x DGX H100, LL at 64 KiB: n + a + s = 4.96 us, where raw inputs and the flag alone gave 4.20.)
 ``flow_us``
     AllToAll: the fluid optimum of its traffic, a multicommodity flow. Every rank's blocks must reach their
     destinations along paths of links, switch ports and NICs, and a path of two links loads both; where GPUs
@@ -255,7 +260,7 @@ def _cross_alphas(intra: list, nic_alpha: list) -> list:
     return [min((intra[a][x] + nic_alpha[x] for x in range(n)), default=INF) for a in range(n)]
 
 
-def _latency_bound(topology, collective: str, root: int, proto: str, intra: list) -> float:
+def _latency_bound(topology, collective: str, root: int, proto: str, intra: list, size_bytes: float) -> float:
     n = topology.gpus_per_node
     nodes = topology.nodes
     nic_alpha = _nic_alphas(topology, proto)
@@ -269,7 +274,7 @@ def _latency_bound(topology, collective: str, root: int, proto: str, intra: list
     if c == "gather":
         return max(dist(s, root) for s in range(R) if s != root)
     if c == "reduce":
-        return max([dist(s, root) for s in range(R) if s != root] + [_merge_latency(topology, intra, nic_alpha)])
+        return max([dist(s, root) for s in range(R) if s != root] + [_merge_latency(topology, intra, nic_alpha, size_bytes, proto)])
     # every pair communicates; by node symmetry, sources in node 0 suffice
     worst = 0.0
     for a in range(n):
@@ -279,11 +284,11 @@ def _latency_bound(topology, collective: str, root: int, proto: str, intra: list
         if nodes > 1:
             worst = max(worst, out_cross[a])
     if c in ("reducescatter", "allreduce"):
-        worst = max(worst, _merge_latency(topology, intra, nic_alpha))
+        worst = max(worst, _merge_latency(topology, intra, nic_alpha, size_bytes, proto))
     return worst
 
 
-def _merge_latency(topology, intra: list, nic_alpha: list) -> float:
+def _merge_latency(topology, intra: list, nic_alpha: list, size_bytes: float, proto: str) -> float:
     """The least time before one rank can hold the sum of every rank's input (the module doc's argument)."""
     spec = topology.spec
     R = topology.num_ranks
@@ -294,7 +299,18 @@ def _merge_latency(topology, intra: list, nic_alpha: list) -> float:
     merge = min((R - 1) * hop, hop + read_other_block)
     if topology.nodes > 1:
         m = R - topology.gpus_per_node  # the inputs from other nodes
-        merge = max(merge, min(nic_alpha) + min((m - 1) * hop, read_other_block))
+        n = min(nic_alpha)
+
+        def gathered(k):  # G(k): the least time before a sending block holds k inputs (its rank's, k-1 more)
+            return 0.0 if k < 2 else min((k - 1) * hop, hop + read_other_block)
+
+        # all m through the summing block's one receive connection, or k of them and m - k read after they
+        # crossed raw (the module doc)
+        costs = [spec.link_types[t].cost(proto) for _, _, t in spec.nics]
+        nic_bw = topology.nodes * sum(c.bw_GBps for c in costs) * 1000.0  # bytes/us into every node's NICs
+        raw_reads = min((max(gathered(k), read_other_block + (m - k) * size_bytes / nic_bw) for k in range(m)),
+                        default=INF) if nic_bw > 0 else INF
+        merge = max(merge, n + min(gathered(m), raw_reads))
     return merge
 
 
@@ -339,7 +355,7 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
                 if v > 0:
                     cut = max(cut, INF if nic_bw <= 0 else nic_alpha + v / (nic_bw * 1000.0))
     intra = _intra_alpha_apsp(topology, p)
-    latency = _latency_bound(topology, c, root, p, intra) if R > 1 else 0.0
+    latency = _latency_bound(topology, c, root, p, intra, size_bytes) if R > 1 else 0.0
     fanout = _fanout_bound(topology, c, size_bytes, p, intra) if multi and c in ("allgather", "alltoall") else 0.0
     flow = _alltoall_flow_bound(topology, size_bytes, p) if c == "alltoall" and R > 1 else 0.0
     return {"ingress_us": ingress, "egress_us": egress, "cut_us": cut, "flow_us": flow, "latency_us": latency,

@@ -11,11 +11,21 @@ H100_LL_NVSWITCH, H100_LL_NIC, H100_SYNC = 0.752, 2.7, 1.751
 
 def test_a_reduction_pays_for_merging_what_crosses_the_network():
     t = load_topology("dgx-h100", 2)
-    # Sums of inputs from the other node meet in a thread block after the NIC (a flag, or a round trip of
-    # two NVSwitch hops, whichever is cheaper), or cross in one connection that gathered 7 of them first.
-    merge = H100_LL_NIC + min(7 * H100_LL_NVSWITCH, H100_SYNC, 2 * H100_LL_NVSWITCH)
-    for coll in ("reducescatter", "allreduce"):
-        assert lower_bounds(t, coll, 1024, proto="LL")["latency_us"] == pytest.approx(merge)
+    read = min(H100_SYNC, 2 * H100_LL_NVSWITCH)  # reading another block's data: a flag, or a round trip
+
+    def gathered(k):  # a sending block holding k inputs of other ranks: a chain of hops, or a hop and a read
+        return 0.0 if k < 2 else min((k - 1) * H100_LL_NVSWITCH, H100_LL_NVSWITCH + read)
+
+    for size in (1024, 65536):
+        # The 8 inputs from the other node cross in one connection whose sender gathered them first, or k of
+        # them do and the other 8 - k, sent raw to the summing rank, are read after they landed: the 16 NICs
+        # (25 GB/s each in LL) carry 8 - k copies of all the summed bytes before the flag
+        raw = min(max(gathered(k), read + (8 - k) * size / (16 * 25e3)) for k in range(8))
+        merge = H100_LL_NIC + min(gathered(8), raw)
+        for coll in ("reducescatter", "allreduce"):
+            assert lower_bounds(t, coll, size, proto="LL")["latency_us"] == pytest.approx(merge)
+    # at 64 KiB the raw inputs take longer than gathering them on the other node: a hop, a read, the NIC
+    assert merge == pytest.approx(H100_LL_NIC + H100_LL_NVSWITCH + read)
     # gathering needs no merge: the farthest pair's latency stays the bound
     assert lower_bounds(t, "allgather", 1024, proto="LL")["latency_us"] == pytest.approx(H100_LL_NIC)
 
