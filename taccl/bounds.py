@@ -274,7 +274,8 @@ def _latency_bound(topology, collective: str, root: int, proto: str, intra: list
     if c == "gather":
         return max(dist(s, root) for s in range(R) if s != root)
     if c == "reduce":
-        return max([dist(s, root) for s in range(R) if s != root] + [_merge_latency(topology, intra, nic_alpha, size_bytes, proto)])
+        return max([dist(s, root) for s in range(R) if s != root]
+                   + [_merge_latency(topology, intra, nic_alpha, size_bytes, proto)])
     # every pair communicates; by node symmetry, sources in node 0 suffice
     worst = 0.0
     for a in range(n):

@@ -37,7 +37,7 @@ CACHE_FORMAT = 1
 # blocks (`lower(max_connection_blocks=...)`): "auto" spreads connections over two or four blocks where that is
 # faster at the input size and loses less at 4x it, and the spread program can lose further up, where the
 # batch's windows may still run it (2x DGX H100 AllReduce synthesized at 64 KiB: two blocks faster at 64 and
-# 256 KiB, 2.9% slower at 1 MiB; 16x DGX H100 AllToAll at 64 KiB: four blocks 33% faster there, 5% slower
+# 256 KiB, 2.9% slower at 1 MiB; 16x DGX H100 AllToAll at 64 KiB: four blocks 32% faster there, 1.5% slower
 # than two at 16 MiB). Through the synthesis' `LoweringMemo` they cost only their simulation, and none where
 # they are the "auto" program itself
 CAPPED_BLOCKS = ((1, "+one-block"), (2, "+two-block"))

@@ -242,7 +242,7 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     candidate. `max_connection_blocks` caps the blocks "auto" spreads a connection over itself (1: none, 2: not
     four): a batch offers those programs too (`taccl.batch`), since the spread that wins at the input size can
     lose far above it (16x DGX H100 AllToAll synthesized at 64 KiB, Simple on four instances, on 1/2/4 blocks a
-    connection: 172.1/87.7/59.4 us at 64 KiB, 351.0/346.5/363.5 at 16 MiB). Through a `memo` holding the
+    connection: 143.8/87.8/59.3 us at 64 KiB, 352.2/347.8/353.0 at 16 MiB). Through a `memo` holding the
     uncapped lowering it costs nothing new: the same candidates, fewer of them ranked.
 
     `target` (`taccl.targets`) is the runtime the program is for: for RCCL, which runs no fused step, every
