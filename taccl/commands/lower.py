@@ -45,7 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--connection-blocks", type=int, default=None, metavar="K",
                    help="spread each connection with several transfers over at least K thread blocks (channels), "
                         "its transfers alternating between them (default: as --block-steps needs; --fusion auto "
-                        "also lowers its fastest policy with 2 and keeps that where it is faster)")
+                        "also lowers its fastest policies with 2, and with 4 where that may help, and keeps the "
+                        "fastest)")
     p.add_argument("--max-connection-blocks", type=int, default=None, metavar="K",
                    help="--fusion auto spreads a connection over at most K thread blocks itself (1: none; default: "
                         "as many as 4); a batch's '+one-block' and '+two-block' programs are these with 1 and 2")
