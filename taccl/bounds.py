@@ -241,6 +241,11 @@ def _nic_alphas(topology, proto: str) -> list:
     return nic_alpha
 
 
+def _nic_costs(spec, proto: str) -> list:
+    """The cost of each of a node's NICs under `proto`."""
+    return [spec.link_types[t].cost(proto) for _, _, t in spec.nics]
+
+
 def _rank_distance(topology, intra: list, out_cross: list):
     """The smallest alpha sum from one rank to another: inside a node the all-pairs one (`intra`), to
     another node `out_cross` of the local source (`_cross_alphas`)."""
@@ -307,7 +312,7 @@ def _merge_latency(topology, intra: list, nic_alpha: list, size_bytes: float, pr
 
         # all m through the summing block's one receive connection, or k of them and m - k read after they
         # crossed raw (the module doc)
-        costs = [spec.link_types[t].cost(proto) for _, _, t in spec.nics]
+        costs = _nic_costs(spec, proto)
         nic_bw = topology.nodes * sum(c.bw_GBps for c in costs) * 1000.0  # bytes/us into every node's NICs
         raw_reads = min((max(gathered(k), read_other_block + (m - k) * size_bytes / nic_bw) for k in range(m)),
                         default=INF) if nic_bw > 0 else INF
@@ -344,7 +349,7 @@ def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int
     cut = 0.0
     if multi:
         spec = topology.spec
-        costs = [spec.link_types[t].cost(p) for _, _, t in spec.nics]
+        costs = _nic_costs(spec, p)
         nic_bw = sum(x.bw_GBps for x in costs)
         nic_alpha = min((x.alpha_us for x in costs), default=INF)
         g = topology.gpus_per_node
@@ -414,7 +419,7 @@ def _fanout_bound(topology, collective: str, size_bytes: float, proto: str, intr
             own[x].append((c, len(gpus)))
     relayed = 0.0  # AllGather: the copies relayed inside a destination node (the module doc's argument)
     if collective == "allgather" and spec.nics:
-        costs = [spec.link_types[t].cost(proto) for _, _, t in spec.nics]
+        costs = _nic_costs(spec, proto)
         n = min(c.alpha_us for c in costs)
         copies = g * (topology.nodes - 1) * ((g + 1) // 2) * block  # half of every node's ranks, every block
         relayed = min(max(n + hop, n + copies / (sum(c.bw_GBps for c in costs) * 1000.0)),

@@ -275,8 +275,6 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
     if None not in (connection_blocks, max_connection_blocks) and connection_blocks > max_connection_blocks:
         raise UserError(f"--connection-blocks {connection_blocks} is over --max-connection-blocks "
                         f"{max_connection_blocks}: give one of them")
-    if max_connection_blocks == 1:
-        connection_blocks = 1  # (the same program: no connection spread)
     if block_steps is None:
         block_steps = algorithm.block_steps  # the sketch's, if it gives one
     lower_one = memo.lower_one
@@ -316,7 +314,10 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         report(f"lowering: {len(algorithm.transfers)} transfers > {AUTO_POLICIES_MAX_TRANSFERS}: only the "
                f"schedule's fusion policy (`taccl lower --fusion` lowers another)")
         names, policies = names[:1], policies[:1]
-    two_blocks = block_steps is None and connection_blocks is None and len(policies) > 1
+    # the blocks "auto" may spread a connection over itself (each pass below asks for its count)
+    cap = MAX_CHANNELS if max_connection_blocks is None else max_connection_blocks
+    two_blocks = (block_steps is None and connection_blocks is None and len(policies) > 1
+                  and cap >= CONNECTION_BLOCKS)
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
     progress = report.progress("lowering", len(names) + two_blocks * TWO_BLOCKS_POLICIES, "lowering policies",
                                every_s=2.0)
@@ -386,8 +387,7 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         # Simple, unfused: 167.5 us on one block, 111.5 on two, 104.1 on four)
         fastest = min(_simulated_us(p, topology, size, simulated) for p in candidates.values())
         leader, _ = _ranked(candidates, topology, size, simulated)
-        more = max_connection_blocks is None or max_connection_blocks >= MORE_CONNECTION_BLOCKS
-        if more and (fastest > SCHEDULE_KEPT * algorithm.time_us or leader in spread_keys):
+        if cap >= MORE_CONNECTION_BLOCKS and (fastest > SCHEDULE_KEPT * algorithm.time_us or leader in spread_keys):
             for base in bases:
                 spread(base, MORE_CONNECTION_BLOCKS)
     if kw["max_tbs"] > MAX_DEPID + 1:
