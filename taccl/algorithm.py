@@ -12,9 +12,11 @@ to `dst`. `op` is "copy" (dst now holds the chunks) or "reduce" (dst adds src's 
 into its own). `deps` are the ids of the transfers whose arrival at `src` this one waits for; `after` (if
 any) the transfers from the same source that the schedule puts just before it on a resource that carries
 one transfer at a time (a NIC, say): the lowering makes it wait for them, so the program keeps the order.
-`exchange` (if any) names reverse reductions this one swaps partial sums with (a pair's exchange): for the
-chunks they share, each sends its source's sum without what the other brings, and each rank adds what it
-got once both were sent, whatever the timing (the lowering receives both aside, `taccl.lowering.buffers`).
+`exchange` (if any) names the reductions from this one's destination that it swaps partial sums with (the
+members of a group exchanging their sums, `taccl.phases`; a pair's: the reverse reduction): for the chunks
+they share, each sends its source's sum without what the others bring, and the destination adds what it got
+once its own exchange sends left, whatever the timing (the lowering receives the sums aside,
+`taccl.lowering.buffers`).
 Transfers are listed in send-time order; on each (src, dst) pair, list order is the order of the sends.
 
 `verify(algorithm, collective)` is the transfer-level proof that the schedule implements the collective:
@@ -203,23 +205,22 @@ def _collective_from_json(doc: dict) -> Collective:
 
 
 def exchange_partners(transfers) -> dict:
-    """(transfer id, chunk) -> the id of the reverse reduction it swaps that chunk's partial sums with
-    (`Transfer.exchange`); a UserError where a transfer names one that is not such a reduction naming it
-    back and sharing a chunk."""
+    """(transfer id, chunk) -> the ids of the reductions from its destination it swaps that chunk's partial
+    sums with (`Transfer.exchange`); a UserError where a transfer names one that is not a reduction from its
+    destination, itself part of an exchange, sharing a chunk."""
     by_id = {t.id: t for t in transfers}
     out = {}
     for t in transfers:
         for pid in t.exchange:
             p = by_id.get(pid)
             shared = set(t.chunks) & set(p.chunks) if p is not None else set()
-            if (p is None or t.op != "reduce" or p.op != "reduce" or (p.src, p.dst) != (t.dst, t.src)
-                    or t.id not in p.exchange or not shared):
+            if (p is None or t.op != "reduce" or p.op != "reduce" or p.src != t.dst or not p.exchange
+                    or (p.dst == t.src and t.id not in p.exchange) or not shared):
                 raise UserError(f"transfer {t.id} ({t.src}->{t.dst}) exchanges with transfer {pid}, which is not a "
-                                f"reduction {t.dst}->{t.src} of a chunk it carries that names it back")
+                                f"reduction from rank {t.dst} of a chunk it carries, exchanging too (naming this "
+                                f"one back if it goes to rank {t.src})")
             for c in shared:
-                if out.setdefault((t.id, c), pid) != pid:
-                    raise UserError(f"transfer {t.id} exchanges chunk {c} with two transfers, {out[(t.id, c)]} "
-                                    f"and {pid}")
+                out[(t.id, c)] = out.get((t.id, c), ()) + (pid,)
     return out
 
 
@@ -233,7 +234,7 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
     leaves the in-flight latency before the arrival) at once than it has lanes.
 
     A chunk a transfer exchanges (`Transfer.exchange`) is added at its destination once it has arrived and
-    the partner has been sent: the partner sends the sum without it, as the lowering's program does.
+    the partners have been sent: they send the destination's sum without it, as the lowering's program does.
     """
     by_id = {t.id: t for t in algo.transfers}
     # contributions (`taccl.collectives.contribution`) of each copy: state[(chunk, rank)]
@@ -278,7 +279,7 @@ def verify(algo: Algorithm, coll: Collective, resources_of=None) -> None:
         plain = tuple(c for c in t.chunks if (t.id, c) not in partners)
         if plain:
             events.append((t.arrive_us, 0, t.id, plain))
-        events += [(max(t.arrive_us, by_id[partners[(t.id, c)]].send_us), 2, t.id, (c,))
+        events += [(max([t.arrive_us] + [by_id[p].send_us for p in partners[(t.id, c)]]), 2, t.id, (c,))
                    for c in t.chunks if (t.id, c) in partners]
     for when, kind, tid, chunks in sorted(events, key=lambda e: (round(e[0], 6),) + e[1:]):
         t = by_id[tid]

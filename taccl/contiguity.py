@@ -138,7 +138,7 @@ def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set
 
     def joins(i, first):
         t = tasks[i]
-        return (t.op == tasks[first].op and t.exchange is None and sched.keys[i] == sched.keys[first]
+        return (t.op == tasks[first].op and not t.exchange and sched.keys[i] == sched.keys[first]
                 and all(sched.finish[p] + t.sync_us <= sched.start[first] + 1e-9 for p in t.preds))
 
     for key, ids in sched.order.items():
@@ -147,7 +147,7 @@ def coalesce(tasks, sched: Schedule, adjacent, position, max_chunks: int) -> set
         a = 0
         while a < len(ids):
             b = a + 1
-            if tasks[ids[a]].exchange is None:
+            if not tasks[ids[a]].exchange:
                 while b < len(ids) and joins(ids[b], ids[a]):
                     b += 1
             window = sorted(ids[a:b], key=lambda i: position(tasks[i]))

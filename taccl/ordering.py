@@ -39,7 +39,7 @@ class Task:
     preds: list = field(default_factory=list)
     busy_us: float | None = None  # the sender's share of alpha (None: all of it)
     sync_us: float = 0.0  # after its predecessors' arrivals: the runtime's cross-thread-block dependency
-    exchange: int | None = None  # the reverse reduction it swaps partial sums with (`Transfer.exchange`)
+    exchange: tuple = ()  # the reductions from its destination it swaps partial sums with (`Transfer.exchange`)
 
     @property
     def cost_us(self) -> float:

@@ -35,7 +35,10 @@ allgather      every member of a group that holds the chunk gets it
 reducescatter  the partial sums of a group's holders are reduced into the member closest to the target
 allreduce      the same reduction, then the group's sum is sent back to every member of the group; in
                groups of two, the two members exchange their partial sums and each adds the other's
-               (the same traffic on each link, one crossing on the critical path instead of two)
+               (the same traffic on each link, one crossing on the critical path instead of two); with
+               ``"exchange": true`` groups of any size do so: every member sends its partial sum to every
+               other and adds the n - 1 it gets (one crossing instead of two, n - 1 partial sums in and
+               out of each member instead of about one: small messages over many nodes' rails)
 alltoall       the chunk moves to the member of its holder's group closest to its destination
 =============  ============================================================================================
 
@@ -209,6 +212,9 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
                             path=sketch.path, where=where + ".groups")
         if groups == "node" and topology.gpus_per_node < 2:
             raise UserError("a node phase needs several GPUs per node", path=sketch.path, where=where + ".groups")
+        if ph.get("exchange") and kind != "allreduce":
+            raise UserError(f"only an allreduce phase exchanges partial sums, not a {kind} phase", path=sketch.path,
+                            where=where + ".exchange")
         pre, post, route_pre, route_post = set(), set(), set(), set()
         after = []
         parts = ph.get("parts")
@@ -271,7 +277,8 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
         else:
             route = _phase_collective(coll, "allgather", route_pre, route_post, False)
             pairs = kind == "allreduce" and len(_members(groups, topology, _group_key(groups, topology, 0))) == 2
-            task = _phase_collective(coll, kind, pre, post, True, form="exchange" if pairs else "")
+            exchange = pairs or ph.get("exchange", False)
+            task = _phase_collective(coll, kind, pre, post, True, form="exchange" if exchange else "")
         # a reduction over groups of two or more always sums (twice, if the sums were whole: said below)
         moved = kind in ("reducescatter", "allreduce") or any(
             set(a) != set(h) or any(a[r] != h.get(r) for r in a) for a, h in zip(after, holders))

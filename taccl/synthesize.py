@@ -163,13 +163,22 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
             for s in coll.sources(c):
                 forward(s)
             continue
-        if coll.form == "exchange" and len(par) == 1:
-            # an AllReduce between two ranks (a phase's pair, `taccl.phases`): each sends its partial sum to
-            # the other and adds the one it gets, instead of a reduction to one and the sum sent back
-            (v, li), = par.items()
-            u = prob.links[li].src
-            there, back = add(c, v, u, "reduce", []), add(c, u, v, "reduce", [])
-            tasks[there].exchange, tasks[back].exchange = back, there
+        if coll.form == "exchange":
+            # an AllReduce inside a phase's groups (`taccl.phases`): every member sends its partial sum to
+            # every other and adds the ones it gets, instead of a reduction to one and the sum sent back;
+            # each sum it gets is added once its own sends left (they carry its partial sum alone)
+            # (the routed tree's members: its leaves first, then the root, as pairs always were)
+            members = sorted(par) + sorted({prob.links[li].src for li in par.values()} - set(par))
+            for u in members:
+                for v in members:
+                    if u != v and (u, v) not in prob.link_index and prob.topology.link(u, v) is None:
+                        raise UserError(f"an exchange sends between every two members of a group, but topology "
+                                        f"{prob.topology.name!r} has no link {u}->{v}", path=prob.sketch.path,
+                                        where="$.phases")
+            sent = {u: [add(c, u, v, "reduce", []) for v in members if v != u] for u in members}
+            for u in members:
+                for i in sent[u]:
+                    tasks[i].exchange = tuple(sent[tasks[i].dst])
             continue
         # Reduction towards the tree's root: v sends its partial to its parent after its children did.
         roots = [s for s in prob.collective.sources(c)]
@@ -403,23 +412,20 @@ def _set_sync(tasks: list, spec, chunk_bytes: float) -> dict:
 def _chain(tasks: list, offset: int, writers: dict) -> list:
     """A phase's tasks renumbered after the earlier phases', each waiting for the arrivals that made up its
     source's copy of its chunk in earlier phases (chunk-level pipelining between phases); `writers` is
-    updated with this phase's arrivals. A swapped partial sum is added only once the partner was sent
-    (`Transfer.exchange`), so a later reader of the sum waits for both."""
+    updated with this phase's arrivals. A swapped partial sum is added only once the rank's own sends of the
+    exchange left (`Transfer.exchange`), so a later reader of the sum waits for those too."""
     before = dict(writers)
     for t in tasks:
         t.id += offset
         t.preds = [p + offset for p in t.preds] + before.get((t.chunk, t.src), [])
-        if t.exchange is not None:
-            t.exchange += offset
+        t.exchange = tuple(p + offset for p in t.exchange)
     touched = {}
     for t in sorted(tasks, key=lambda t: t.id):
         key = (t.chunk, t.dst)
         if t.op == "copy":  # the copy replaces what the rank held
             touched[key] = [t.id]
         else:  # a reduction adds to it
-            touched[key] = touched.get(key, before.get(key, [])) + [t.id]
-            if t.exchange is not None:
-                touched[key].append(t.exchange)
+            touched[key] = touched.get(key, before.get(key, [])) + [t.id] + list(t.exchange)
     writers.update(touched)
     return tasks
 
@@ -475,7 +481,7 @@ def _to_algorithm(sketch, topo, coll, size, prob, tasks, cont, name, sched) -> A
     for g_index, g in enumerate(cont.groups):
         first = tasks[g.tasks[0]]
         deps = sorted({gid[p] for i in g.tasks for p in tasks[i].preds} - {g_index})
-        exchange = sorted({gid[tasks[i].exchange] for i in g.tasks if tasks[i].exchange is not None})
+        exchange = sorted({gid[p] for i in g.tasks for p in tasks[i].exchange})
         transfers.append(Transfer(id=g_index, chunks=tuple(tasks[i].chunk for i in g.tasks), src=first.src, dst=first.dst,
                                   op=first.op, send_us=g.start_us, arrive_us=g.finish_us, deps=tuple(deps),
                                   link=first.link_type, after=tuple(sorted(after.get(g_index, ()))),

@@ -82,6 +82,21 @@ def allreduce_exchange_late():
     return _algo("exchange-late", coll, tr)
 
 
+def allreduce_group_exchange(R=3):
+    """Every rank sends its partial sums to every other and adds the ones it gets (`Transfer.exchange`), the
+    last rank sending after the others' sums have landed there: it still sends its own sum alone."""
+    coll = make_collective("allreduce", R, 1)
+    tr = []
+    for c in range(R):
+        sent = {u: [_add(tr, [c], u, v, "reduce", 3 if u == R - 1 else 0) for v in range(R) if v != u]
+                for u in range(R)}
+        for ids in sent.values():
+            for i in ids:
+                tr[i].exchange = tuple(sent[tr[i].dst])
+    tr.sort(key=lambda x: (x.send_us, x.id))
+    return _algo("group-exchange", coll, tr)
+
+
 def alltoall_line(R=3):
     """AllToAll on a line 0-1-...-(R-1): chunks hop through relays, which must use scratch."""
     coll = make_collective("alltoall", R, 1)
@@ -116,6 +131,7 @@ CASES = [
     ("allreduce-2", allreduce_2rank),
     ("allreduce-swap-2", allreduce_swap),  # received aside, folded once both were sent
     ("allreduce-exchange-late-2", allreduce_exchange_late),  # the same, declared, whatever the timing
+    ("allreduce-group-exchange-3", allreduce_group_exchange),  # every rank with both others, one late
     ("alltoall-relay-3", lambda: alltoall_line(3)),
     ("alltoall-relay-4", lambda: alltoall_line(4)),
 ]
@@ -225,8 +241,16 @@ def test_an_exchange_is_what_makes_a_late_reverse_reduction_right(tmp_path):
     assert doc["transfers"][0]["exchange"] == [1] and Algorithm.from_json(doc).transfers[0].exchange == (1,)
     doc["transfers"][0]["exchange"] = []  # transfer 1 names transfer 0, which does not name it back
     with pytest.raises(UserError, match=r"x\.algo\.json: \$\.transfers: transfer 1 \(1->0\) exchanges with "
-                                        r"transfer 0, which is not a reduction 0->1"):
+                                        r"transfer 0, which is not a reduction from rank 0 of a chunk it carries, "
+                                        r"exchanging too \(naming this one back"):
         Algorithm.from_json(doc, path="x.algo.json")
+    # among three ranks, each sum a rank gets is added once both its own sends left: declared, right
+    group = allreduce_group_exchange()
+    verify(group, group.make_collective())
+    for t in group.transfers:
+        t.exchange = ()
+    with pytest.raises(CheckFailed, match="duplicated from"):
+        verify(group, group.make_collective())
 
 
 def test_a_reduction_that_skips_a_rank_is_refused_naming_it():

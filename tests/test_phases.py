@@ -229,6 +229,38 @@ def test_one_shot_allreduce_takes_reduce_scatter_phases_only(tmp_path):
         sketch(tmp_path, collective="allreduce", hyperparameters={"allreduce": "two-shot"})
 
 
+EXCHANGE = [{"collective": "reducescatter", "groups": "node"},
+            {"collective": "allreduce", "groups": "rail", "exchange": True},
+            {"collective": "allgather", "groups": "node"}]
+
+
+def _network_crossings(algo) -> int:
+    by_id, depth = {t.id: t for t in algo.transfers}, {}
+
+    def crossings(t):
+        if t.id not in depth:
+            depth[t.id] = (t.link == "ib") + max((crossings(by_id[d]) for d in t.deps), default=0)
+        return depth[t.id]
+
+    return max(crossings(t) for t in algo.transfers)
+
+
+def test_a_group_of_any_size_exchanges_when_the_phase_says_so(tmp_path):
+    # three nodes: each rail member sends its node's partial sum to both others and adds the two it gets (one
+    # network crossing where the reduction to one member and the sum sent back take two)
+    assert [p.task_coll.form for p in plan(tmp_path, "allreduce", phases=EXCHANGE)] == ["", "exchange", ""]
+    options = SynthesisOptions(time_limit_s=20, proto="LL")
+    algo = synthesize(sketch(tmp_path, collective="allreduce", phases=EXCHANGE, input_size="6K"), options=options)
+    net = [t for t in algo.transfers if t.link == "ib"]
+    assert net and all(t.op == "reduce" and len(t.exchange) == 2 for t in net)
+    assert {(t.src, t.dst) for t in net} == {(a, b) for a in range(6) for b in range(6) if a % 2 == b % 2 and a != b}
+    assert_runs_right(lower(algo), tmp_path / "exchange.xml")  # proven by the checker, or lower raises
+    hier = synthesize(sketch(tmp_path, collective="allreduce", input_size="6K"), options=options)
+    assert (_network_crossings(algo), _network_crossings(hier)) == (1, 2)  # on the longest chain of transfers
+    with pytest.raises(UserError, match=r"hier\.json: \$\.phases\[0\]\.exchange: only an allreduce phase"):
+        plan(tmp_path, "allreduce", phases=[dict(EXCHANGE[0], exchange=True)] + EXCHANGE[1:])
+
+
 def test_an_exchange_over_a_shared_nic_is_right_whatever_the_timing():
     # 2x NDv2 (one NIC per node for eight GPUs): the schedule sends some swapped sums only after the other
     # side's has landed; each still sends its own node's sum (`Transfer.exchange`), so the synthesis is

@@ -14,9 +14,10 @@ Where chunk c lives on rank r:
   protocols with short steps), or each reduces into the home as it lands, one after another
   (``"in-place"``: no scratch, no local steps, and fewer flag waits, for programs at the runtime's limit of
   XML nodes);
-  two ranks that swap partial sums (a pair's exchange, `taccl.phases`; `Transfer.exchange`, or two reverse
-  reductions each sent before the other lands) each send their sum without the other's, which one place in
-  the transfer order cannot say: both are received into scratch and folded once both were sent;
+  ranks that swap partial sums (an exchange, `taccl.phases`; `Transfer.exchange`, or two reverse
+  reductions each sent before the other lands) each send their sum without the others', which one place in
+  the transfer order cannot say: a rank receives the sums into scratch and folds them in once all have
+  arrived and its own sends of the exchange were sent;
 - at the end, every postcondition chunk not yet at its home is copied there locally (AllGather's own chunk
   from input to output, say).
 
@@ -86,9 +87,10 @@ def _runs(items, single):
 
 
 def _swaps(order: list) -> dict:
-    """Partial sums two ranks swap (a pair's exchange): (transfer id, chunk) -> the partner transfer's id.
-    The algorithm's `Transfer.exchange` pairs, and reverse reductions of the same chunks each sent before the
-    other lands (which the transfer-level semantics make a swap too: each send reads its rank's sum then)."""
+    """Partial sums ranks swap (an exchange): (transfer id, chunk) -> the ids of the destination's sends it
+    is swapped with. The algorithm's `Transfer.exchange`, and reverse reductions of the same chunks each sent
+    before the other lands (which the transfer-level semantics make a swap too: each send reads its rank's
+    sum then)."""
     out = exchange_partners(order)
     by_pair = {}
     for t in order:
@@ -101,8 +103,8 @@ def _swaps(order: list) -> dict:
                 if (t.id not in paired and u.id not in paired and u.send_us < t.arrive_us
                         and t.send_us < u.arrive_us):
                     paired |= {t.id, u.id}
-                    out.update({(t.id, c): u.id for c in chunks})
-                    out.update({(u.id, c): t.id for c in chunks})
+                    out.update({(t.id, c): (u.id,) for c in chunks})
+                    out.update({(u.id, c): (t.id,) for c in chunks})
     return out
 
 
@@ -223,7 +225,13 @@ def algorithm_ops(algo, coll, *, single: bool = False, converge: str = "aside") 
         order = _latest_arrival_last(order, swaps=swaps)
     pos_of = {t.id: pos for pos, t in enumerate(order)}
     staged = {} if converge == "in-place" else _converging_reductions(order, direct_last, swaps)
-    swapped = {}  # (transfer id, chunk) of a swap -> the scratch slot it received aside
+    # (chunk, rank) of an exchange -> the sums it received aside, and the transfers still to come before it
+    # adds them: every sum it gets, and its own sends of the exchange (they carry its sum without them)
+    exchanges = {}
+    by_id = {t.id: t for t in order}
+    for (tid, c), partners in swaps.items():
+        group = exchanges.setdefault((c, by_id[tid].dst), {"slots": [], "left": set()})
+        group["left"].update((tid,) + partners)
     for pos, t in enumerate(order):
         where = f"transfer {t.id} ({t.src}->{t.dst})"
         if not (0 <= t.src < R and 0 <= t.dst < R) or t.src == t.dst:
@@ -266,11 +274,7 @@ def algorithm_ops(algo, coll, *, single: bool = False, converge: str = "aside") 
         for it in items:
             c = it[0]
             if (t.id, c) in swaps:
-                swapped[(t.id, c)] = it[2]
-                partner = (swaps[(t.id, c)], c)
-                if partner in swapped:  # both sent: each rank adds what it got
-                    fold(t.dst, c, [it[2]], pos)
-                    fold(t.src, c, [swapped[partner]], pos)
+                exchanges[(c, t.dst)]["slots"].append(it[2])
             elif (t.id, c) in staged:
                 aside = staged[(t.id, c)]
                 aside["slots"].append(it[2])
@@ -278,6 +282,12 @@ def algorithm_ops(algo, coll, *, single: bool = False, converge: str = "aside") 
                     fold(t.dst, c, aside["slots"], pos)
             else:
                 loc[(c, t.dst)] = it[2]
+            for r in (t.dst, t.src):
+                group = exchanges.get((c, r))
+                if group is not None and t.id in group["left"]:
+                    group["left"].discard(t.id)
+                    if not group["left"]:  # every sum is here and the rank's own went: add what it got
+                        fold(r, c, group["slots"], pos)
     # final local copies to the postcondition slots
     finals = []
     for c, r in sorted(coll.postcondition, key=lambda cr: (cr[1], cr[0])):
