@@ -167,14 +167,14 @@ def build_tasks(prob: Problem, coll: Collective, parent: list) -> list:
             # an AllReduce inside a phase's groups (`taccl.phases`): every member sends its partial sum to
             # every other and adds the ones it gets, instead of a reduction to one and the sum sent back;
             # each sum it gets is added once its own sends left (they carry its partial sum alone)
-            # (the routed tree's members: its leaves first, then the root, as pairs always were)
+            # (the routed tree's members: those it reaches first, then its root, as pairs always were)
             members = sorted(par) + sorted({prob.links[li].src for li in par.values()} - set(par))
-            for u in members:
-                for v in members:
-                    if u != v and (u, v) not in prob.link_index and prob.topology.link(u, v) is None:
-                        raise UserError(f"an exchange sends between every two members of a group, but topology "
-                                        f"{prob.topology.name!r} has no link {u}->{v}", path=prob.sketch.path,
-                                        where="$.phases")
+            missing = next(((u, v) for u in members for v in members if u != v and (u, v) not in prob.link_index
+                            and prob.topology.link(u, v) is None), None)
+            if missing:
+                raise UserError(f"an exchange sends between every two members of a group, but topology "
+                                f"{prob.topology.name!r} has no link {missing[0]}->{missing[1]}",
+                                path=prob.sketch.path, where="$.phases")
             sent = {u: [add(c, u, v, "reduce", []) for v in members if v != u] for u in members}
             for u in members:
                 for i in sent[u]:
