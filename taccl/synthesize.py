@@ -309,8 +309,9 @@ def synthesize(sketch: Sketch, *, topology=None, nodes=None, collective=None, in
     verify(algo, coll, lambda s, d: _resources(prob, s, d))
     # the schedule runs each connection on one thread block where the lowering spreads it over several:
     # an estimate, often well above the written program's simulated time (which `taccl solve` reports next)
+    ratio = algo.time_us / algo.lower_bound_us if algo.lower_bound_us else float("nan")
     report(f"done: schedule {algo.time_us:.2f} us (the synthesizer's estimate), lower bound "
-           f"{algo.lower_bound_us:.2f} us ({algo.time_us / algo.lower_bound_us if algo.lower_bound_us else float('nan'):.2f}x)")
+           f"{algo.lower_bound_us:.2f} us ({ratio:.2f}x)")
     return algo
 
 
