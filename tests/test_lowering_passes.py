@@ -661,12 +661,22 @@ def test_a_network_send_fuses_with_a_fan_out_whose_local_readers_come_first():
     assert fused_to_network(network) > fused_to_network(eager)
     saved = Simulator(eager, topo).run(8192).time_us - Simulator(network, topo).run(8192).time_us
     assert saved > topo.spec.sync_us / 2
-    # the named policies are the ones "auto" chooses among (the fastest of them is also lowered on two blocks
-    # a connection, unless `connection_blocks` is given)
+    # the named policies are the ones "auto" chooses among, each also landing its converging reductions the
+    # other way (LL: all aside) (the fastest of them is also lowered on two blocks a connection, unless
+    # `connection_blocks` is given)
+    from taccl.lowering import _fusion_policy
+
     unfused = lower(algo, topology=topo, fusion="none")
     assert _fused_steps(unfused) == 0 < _fused_steps(eager)
+    aside = []
+    for name in ("schedule", "eager", "none", "network"):
+        try:
+            aside.append(_lower_policy(algo, flag_us=topo.spec.sync_us, converges=("aside",),
+                                       **_fusion_policy(name, topo))[0])
+        except UserError:  # landed aside, no fan-out leaves a node: nothing for the network policy to fuse
+            pass
     assert program_to_xml(lower(algo, topology=topo, connection_blocks=1)) in {program_to_xml(p) for p in (
-        network, eager, lower(algo, topology=topo, fusion="schedule"), unfused)}
+        network, eager, lower(algo, topology=topo, fusion="schedule"), unfused, *aside)}
 
 
 def test_a_named_fusion_policy_that_cannot_apply_is_refused():
@@ -873,12 +883,14 @@ def test_auto_also_tries_two_blocks_a_connection_on_its_second_fastest_policy():
     assert times(best)[0] < 0.9 * unfused[0] and times(best)[1] < 1.01 * unfused[1]
 
 
-def test_auto_tries_four_blocks_a_connection_where_two_leave_the_schedule_far_behind():
+def test_auto_tries_four_blocks_a_connection_where_two_leave_the_schedule_far_behind(monkeypatch):
     # 2x DGX A100 ReduceScatter in two routes (dgx-a100-rs-split.json), LL on one instance at 1 MiB: an LL block
     # moves 9 GB/s of a GPU's 63 GB/s NVSwitch port, so one or two blocks a connection leave the schedule's
-    # 20.9 us at 24.1; four take 20.9, and no more at 4x the size
+    # 20.9 us at 24.1; four take 20.9, and no more at 4x the size. The schedule's fusion spread over channels
+    # with every partial sum landed aside takes 20.9 too, and "auto" finds it first
     from pathlib import Path
 
+    import taccl.lowering
     from taccl.lowering import SCHEDULE_KEPT, max_tbs_of
     from taccl.simulator import Simulator
     from taccl.sketch import load_sketch
@@ -895,6 +907,9 @@ def test_auto_tries_four_blocks_a_connection_where_two_leave_the_schedule_far_be
     assert two[0] > SCHEDULE_KEPT * algo.time_us
     at, above = times(best)
     assert at < 1.02 * algo.time_us and at < 0.9 * two[0] and above <= two[1]
+    monkeypatch.setattr(taccl.lowering, "OTHER_LANDING_POLICIES", 0)  # the landings of the first lowering only
+    best = lower(algo, **kw)
+    assert times(best)[0] < 1.02 * algo.time_us
     assert program_to_xml(best) == program_to_xml(lower(algo, fusion="schedule", connection_blocks=4, **kw))
 
 

@@ -127,6 +127,13 @@ TWO_BLOCKS_POLICIES = 2
 # blocks (the same test of the sizes above)
 SCHEDULE_KEPT = 1.10
 MORE_CONNECTION_BLOCKS = 4
+# "auto" lowers its fastest policies (this many) again landing converging reductions the other way
+# (`CONVERGE_MODES`: the protocol's default is the first lowering's, `_lower_one`): Simple lands every partial
+# sum aside, where reducing the one that lands last as it lands saves its receiver's flag wait on the critical
+# path; LL and LL128 do that by default, where landing them all aside may keep more in flight
+OTHER_LANDING = {"aside": "direct-last", "direct-last": "aside"}
+OTHER_LANDING_POLICIES = 2
+LANDING_NAMES = {"direct-last": "the last partial sum reduced as it lands", "aside": "partial sums landed aside"}
 # above this many transfers "auto" lowers the schedule's policy alone: each policy's build takes minutes there
 # (64x DGX H100 AllToAll, 487424 transfers: 97, 214, 72 and 40 s, then a simulation of each distinct program)
 AUTO_POLICIES_MAX_TRANSFERS = 100_000
@@ -209,12 +216,14 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     given, the schedule's fusion spread over channels on one instance (`SPREAD_BLOCK_STEPS`); the one the
     calibrated simulator finds fastest at the algorithm's input size is returned; within
     `taccl.simulator.TIE_TOLERANCE` of each other (a tie), of those that also tie at 4x the size, the fastest
-    at a size 1024 times smaller (at least 1 KiB), then the schedule's. Where neither `block_steps` nor
-    `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`) are lowered again with each
-    connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
-    the fastest where it is faster and loses less against it at 4x the size than it gains at the size (a
-    loss within `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the fastest,
-    or the fastest is still over `SCHEDULE_KEPT` times the schedule's time, the same again on
+    at a size 1024 times smaller (at least 1 KiB), then the schedule's. The two fastest are also lowered with their
+    converging reductions landing the other way (`OTHER_LANDING`: with the last partial sum reduced as it lands
+    where the first lowering landed them all aside, Simple's default, and the reverse for LL and LL128) and ranked
+    with them. Where neither `block_steps` nor `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`)
+    are lowered again with each connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and
+    such a program replaces the fastest where it is faster and loses less against it at 4x the size than it gains at
+    the size (a loss within `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the
+    fastest, or the fastest is still over `SCHEDULE_KEPT` times the schedule's time, the same again on
     `MORE_CONNECTION_BLOCKS` blocks. Where `max_tbs` is over 128, each
     candidate with more blocks than that is also lowered with each instance's blocks merged down to its share
     of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates are lowered unchecked
@@ -319,8 +328,8 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
     two_blocks = (block_steps is None and connection_blocks is None and len(policies) > 1
                   and cap >= CONNECTION_BLOCKS)
     # a policy takes a few seconds on 16 nodes: past the first 2 s, a line per policy lowered
-    progress = report.progress("lowering", len(names) + two_blocks * TWO_BLOCKS_POLICIES, "lowering policies",
-                               every_s=2.0)
+    progress = report.progress("lowering", len(names) + OTHER_LANDING_POLICIES + two_blocks * TWO_BLOCKS_POLICIES,
+                               "lowering policies", every_s=2.0)
     first, converge, instances_kept = lower_one(algorithm, keep_schedule=True, **kw)
     # the other policies take the first's choices: retrying the other ways of landing converging reductions
     # would repeat a failing lowering, and a policy that fits the runtime's limits only on fewer instances than
@@ -345,6 +354,18 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
     for k in range(1, len(policies)):
         add(k)
     simulated = memo.simulated  # the rankings' simulations, by program
+    size = algorithm.input_size_bytes
+    other = OTHER_LANDING.get(converge)
+    if other is not None and len(policies) > 1:
+        # the fastest policies again with the converging reductions landing the other way (OTHER_LANDING);
+        # the same program where nothing converges (dropped as seen). 2x DGX H100 ReduceScatter on two
+        # pieces a chunk, Simple on eight instances at 16 MiB: 70.0 us aside, 59.9 with the last as it lands
+        fastest_first = sorted(candidates, key=lambda key: (_simulated_us(candidates[key], topology, size,
+                                                                          simulated), key))
+        for base in fastest_first[:OTHER_LANDING_POLICIES]:
+            names.append(f"{names[base]}, {LANDING_NAMES[other]}")
+            policies.append({**policies[base], "converges": (other,)})
+            add(len(policies) - 1)
     if two_blocks:
         # the fastest policies again with each connection's transfers alternating between two blocks: more
         # blocks to hide flag waits, each with less bandwidth, so such a program must not lose more against the
@@ -352,7 +373,6 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         # six instances at 1 MiB, unfused 41.9 us and 39.4 on two blocks, the schedule's fusion 47.1 and 35.9
         from ..simulator import TIE_TOLERANCE
 
-        size = algorithm.input_size_bytes
         best, _ = _ranked(candidates, topology, size, simulated)
 
         def times(key):  # at the size and at 4x it
@@ -486,14 +506,14 @@ def _lower_one(algorithm, *, instances, proto, min_bytes, max_bytes, max_tbs, fu
     if "collective" not in shared:
         shared["collective"] = algorithm.make_collective()
     coll = shared["collective"]
-    # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a
-    # converging reduction is reduced as it lands rather than received aside and folded (measured on the
-    # simulator: 2-10% faster below 1 MiB); with Simple's long steps, landing every partial in parallel wins
-    # (up to 4.5% at 256 MiB). Reducing as it lands pins more receives to the blocks that forward the sums,
-    # which can exceed the runtime's limits on many nodes (16x DGX H100 ReduceScatter): then every partial
-    # lands aside. Landing aside costs a local step per partial and the flag waits of the fold (nops): on
-    # 1024 ranks that is over the parser's 4096 XML nodes, and the partials then reduce in place one after
-    # another.
+    # LL and LL128 steps are shorter than a flag wait between thread blocks, so the last partial sum of a converging
+    # reduction is reduced as it lands rather than received aside and folded (measured on the simulator: 2-10%
+    # faster below 1 MiB); with Simple's long steps, landing every partial in parallel usually wins (up to 4.5% at
+    # 256 MiB; "auto" tries the other way too, `OTHER_LANDING`). Reducing as it lands pins more receives to the
+    # blocks that forward the sums, which can exceed the runtime's limits on many nodes (16x DGX H100
+    # ReduceScatter): then every partial lands aside. Landing aside costs a local step per partial and the flag
+    # waits of the fold (nops): on 1024 ranks that is over the parser's 4096 XML nodes, and the partials then reduce
+    # in place one after another.
     error = None
     for converge in converges or (CONVERGE_MODES if proto != "Simple" else CONVERGE_MODES[1:]):
         n = algorithm.instances if instances is None else instances
