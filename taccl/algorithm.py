@@ -120,13 +120,17 @@ class Algorithm:
                        call_us=float(doc.get("call_us", 0.0)),
                        block_steps=None if doc.get("block_steps") is None else int(doc["block_steps"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"malformed algorithm file: {exc!r}", path=path) from None
+            where, message = _first_malformed(doc) or ("$", f"malformed algorithm file: {exc!r}")
+            raise UserError(message, path=path, where=where) from None
         _check_header(algo, path)
         if algo.protocol not in ("Simple", "LL128", "LL"):
             raise UserError(f"unknown protocol {algo.protocol!r}; expected Simple, LL128 or LL", path=path,
                             where="$.protocol")
-        if algo.instances < 1:
-            raise UserError(f"instances must be at least 1, got {algo.instances}", path=path, where="$.instances")
+        if not 1 <= algo.instances <= 32:  # an instance takes channels of its own, and there are 32
+            raise UserError(f"instances must be from 1 to 32, got {algo.instances}", path=path, where="$.instances")
+        if algo.block_steps is not None and not (8 <= algo.block_steps <= 64 and algo.block_steps % 8 == 0):
+            raise UserError(f"block_steps must be a multiple of 8 from 8 to 64 (the runtime's steps a thread "
+                            f"block), got {algo.block_steps}", path=path, where="$.block_steps")
         try:
             exchange_partners(algo.transfers)
         except UserError as exc:
@@ -140,6 +144,46 @@ class Algorithm:
 
     def make_collective(self) -> Collective:
         return collective_from_json(self.collective)
+
+
+# an algorithm file's fields that `Algorithm.from_json` converts: (key, type, what is expected)
+_HEADER_FIELDS = (("name", str, "a string"), ("input_size_bytes", int, "a positive integer (bytes)"),
+                  ("chunk_bytes", float, "a positive number (bytes)"), ("time_us", float, "a number (us)"),
+                  ("transfers", list, "a list of transfers"))
+_TRANSFER_FIELDS = (("id", int, "an integer"), ("chunks", list, "a list of chunk indices"), ("src", int, "a rank"),
+                    ("dst", int, "a rank"), ("op", str, "\"copy\" or \"reduce\""), ("send_us", float, "a number (us)"),
+                    ("arrive_us", float, "a number (us)"))
+
+
+def _malformed(value, kind) -> bool:
+    """Whether `value` is not what a field of `kind` (int, float, str, list) needs."""
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    if kind is float:
+        return isinstance(value, bool) or not isinstance(value, (int, float))
+    return not isinstance(value, kind)
+
+
+def _first_malformed(doc: dict):
+    """(JSON path, message) of the first field `from_json` cannot convert, or None: an error names the field
+    instead of the Python exception."""
+    for key, kind, expected in _HEADER_FIELDS:
+        if key not in doc:
+            return f"$.{key}", f"missing; expected {expected}"
+        if _malformed(doc[key], kind):
+            return f"$.{key}", f"expected {expected}, got {doc[key]!r}"
+    for i, t in enumerate(doc["transfers"]):
+        if not isinstance(t, dict):
+            return f"$.transfers[{i}]", f"expected a transfer (an object), got {t!r}"
+        for key, kind, expected in _TRANSFER_FIELDS:
+            if key not in t:
+                return f"$.transfers[{i}].{key}", f"missing; expected {expected}"
+            if _malformed(t[key], kind) or (kind is list and any(_malformed(c, int) for c in t[key])):
+                return f"$.transfers[{i}].{key}", f"expected {expected}, got {t[key]!r}"
+        for key in ("deps", "after", "exchange"):
+            if key in t and (not isinstance(t[key], list) or any(_malformed(d, int) for d in t[key])):
+                return f"$.transfers[{i}].{key}", f"expected a list of transfer ids, got {t[key]!r}"
+    return None
 
 
 def _check_header(algo: Algorithm, path: str | None) -> None:
@@ -163,6 +207,10 @@ def _check_header(algo: Algorithm, path: str | None) -> None:
         refuse(f"expected a node count (an integer of at least 1), got {topo.get('nodes')!r}", "$.topology.nodes")
     if topo.get("path") is not None and not isinstance(topo["path"], str):
         refuse(f"expected the topology file's path (a string) or null, got {topo['path']!r}", "$.topology.path")
+    if algo.input_size_bytes < 1:
+        refuse(f"expected a positive integer (bytes), got {algo.input_size_bytes}", "$.input_size_bytes")
+    if not 0 < algo.chunk_bytes < float("inf"):
+        refuse(f"expected a positive number (bytes), got {algo.chunk_bytes}", "$.chunk_bytes")
     if canonical_name(coll["name"]) in NAMES and algo.transfers:
         ranks = 1 + max(max(t.src, t.dst) for t in algo.transfers)
         chunks = 1 + max(max(t.chunks, default=0) for t in algo.transfers)

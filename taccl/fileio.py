@@ -74,6 +74,18 @@ def load_schema(name: str) -> dict:
     return json.loads((SCHEMA_DIR / name).read_text())
 
 
+# a schema error's message at most (it quotes the offending value)
+MESSAGE_MAX_CHARS = 500
+
+
+def shortened(message: str) -> str:
+    """A schema error's message cut to `MESSAGE_MAX_CHARS`: it quotes the value whole, and a YAML alias can
+    expand to megabytes."""
+    if len(message) <= MESSAGE_MAX_CHARS:
+        return message
+    return message[:MESSAGE_MAX_CHARS] + f"... ({len(message)} characters)"
+
+
 def validate(doc, schema_name: str, *, path: str | None = None) -> None:
     """Validate `doc` against `taccl/schemas/<schema_name>`; report the first (deepest) problem."""
     try:
@@ -87,22 +99,29 @@ def validate(doc, schema_name: str, *, path: str | None = None) -> None:
     errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         err = jsonschema.exceptions.best_match(errors)
-        raise UserError(f"{err.message} (schema {schema_name})", path=path, where=json_path(err.absolute_path))
+        raise UserError(f"{shortened(err.message)} (schema {schema_name})", path=path,
+                        where=json_path(err.absolute_path))
 
 
 def check_output_dir(path, *, where: str = "-o") -> Path:
     """Refuse, before any work, an output directory that cannot be made or written: a file, one under a file,
     a read-only place, a name the file system cannot hold."""
+    if not os.fspath(path):
+        raise UserError("an empty directory name, expected a directory", where=where)
     path = Path(path)
     _check_writable_dir(path, path, where)
     return path
 
 
 def check_output_file(path, *, where: str = "-o") -> Path:
-    """`check_output_dir` for the file's directory, and the file itself not a directory."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError("is a directory, expected a file name", path=str(path), where=where)
+    """`check_output_dir` for the file's directory, and the file itself not a directory (a device or a FIFO is
+    written to, not replaced: `atomic_write`)."""
+    raw = os.fspath(path)
+    if not raw:
+        raise UserError("an empty file name, expected a file name", where=where)
+    path = Path(raw)
+    if path.is_dir() or raw.endswith(os.sep):
+        raise UserError("is a directory, expected a file name", path=raw, where=where)
     _check_writable_dir(path.parent, path, where)
     return path
 
@@ -124,12 +143,14 @@ def _check_writable_dir(directory: Path, target: Path, where: str) -> None:
         raise UserError(f"cannot write in {probe}: permission denied", path=str(target), where=where)
 
 
-def check_output_name(name: str, *, where: str = "--name", suffix: str = "") -> str:
-    """A file name (not a path) that the file system can hold, `suffix` included."""
+def check_output_name(name: str, *, where: str = "--name", suffix: str = "", path: str | None = None) -> str:
+    """A file name (not a path) that the file system can hold, `suffix` included (`path`: the file that gave
+    it, if not the command line)."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise UserError(f"{name!r} is not a file name (no directories, '/', '..' or NUL)", where=where)
+        raise UserError(f"{name!r} is not a file name (no directories, '/', '..' or NUL)", path=path, where=where)
     if len((name + suffix).encode(errors="surrogateescape")) > _NAME_MAX:
-        raise UserError(f"{name + suffix!r} is longer than the file system's {_NAME_MAX} bytes a name", where=where)
+        raise UserError(f"{name + suffix!r} is longer than the file system's {_NAME_MAX} bytes a name", path=path,
+                        where=where)
     return name
 
 
@@ -159,8 +180,16 @@ def _umask() -> int:
 def atomic_write(path, data, *, mode: str = "w") -> Path:
     """Write `data` to `path` via a temporary file in the same directory and a rename. The file gets the
     permissions any tool's new file gets (0666 less the umask; mkstemp's are 0600), or keeps those of the
-    file it replaces."""
+    file it replaces. An existing path that is not a regular file (/dev/null, a FIFO) is written to as it is:
+    a rename would replace the device node."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        try:
+            with open(path, mode) as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise UserError(f"cannot write: {exc.strerror or exc}", path=str(path)) from None
+        return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         perms = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()

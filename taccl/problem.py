@@ -149,6 +149,10 @@ def _inter_pairs(topo: Topology, sk: Sketch) -> list:
         return []
     if sk.internode_strategy == "none":
         raise UserError(f"internode strategy 'none' leaves {topo.nodes} nodes disconnected", **_sketch_where(sk, "$.internode_sketch.strategy"))
+    for g in sorted(sk.beta_split):
+        if not 0 <= g < n:
+            raise UserError(f"GPU {g} is not in a {n}-GPU node of {topo.name!r}",
+                            **_sketch_where(sk, f"$.internode_sketch.beta_split.{g}"))
     if sk.internode_conn is None:
         return [(s, d) for s in range(n) for d in range(n)]
     out = []

@@ -77,6 +77,9 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
         sk.collective = coll
     hp = doc.get("hyperparameters", {})
     size = doc.get("input_size", hp.get("input_size"))
+    if "input_size" in doc and "input_size" in hp:  # two sizes: which one the user meant is unknowable
+        raise UserError("the input size is given twice, also as $.input_size: keep one", path=path,
+                        where="$.hyperparameters.input_size")
     if size is not None:
         where = "$.input_size" if "input_size" in doc else "$.hyperparameters.input_size"
         sk.input_size_bytes = parse_size(size, path=path, where=where)

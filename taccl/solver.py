@@ -54,6 +54,7 @@ __all__ = [
     "INF",
     "STATUSES",
     "SOLVERS",
+    "MAX_THREADS",
     "Model",
     "SolveOptions",
     "Result",
@@ -352,6 +353,10 @@ class Model:
 # --------------------------------------------------------------------------------------------------
 # Options and results
 # --------------------------------------------------------------------------------------------------
+
+# the most solver threads a sketch, a SKU or --threads may ask for (the schemas say it too): HiGHS starts
+# them all, and 100000 hang the process
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -1026,7 +1031,8 @@ class _CbcBackend(MilpBackend):
         warm = is_mip and model._start is not None
         if warm:
             for j in np.flatnonzero(~np.isnan(model._start)):
-                xs[j].setInitialValue(float(model._start[j]))
+                # within the column's bounds: PuLP refuses a start a rounding below its lower bound
+                xs[j].setInitialValue(float(np.clip(model._start[j], a.col_lower[j], a.col_upper[j])))
         try:
             limit = _time_left(options, t0)
             if options.work_limit_s is not None:  # no callback to count the solver's work: the wall clock

@@ -89,8 +89,13 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
         size = parse_size(input_size, where="--size")
     else:
         size = sketch.input_size_bytes or parse_size(DEFAULT_INPUT_SIZE)
+    where = dict(where="--size") if input_size is not None else dict(path=sketch.path, where="$.input_size")
     if size <= 0:
-        raise UserError("input size must be positive", where="--size")
+        raise UserError("input size must be positive", **where)
+    chunks = coll.buffer_chunks
+    if size < chunks:  # (a size that is no multiple of the chunks is costed as it is, as nccl-tests rounds it)
+        raise UserError(f"{size} bytes are less than a byte for each of the {chunks} chunks of this {coll.name} on "
+                        f"{topo.num_ranks} ranks: expected at least {chunks} bytes", **where)
     return topo, coll, size
 
 
@@ -112,6 +117,10 @@ def sketch_collective(sketch: Sketch, name: str, topo) -> Collective:
     form = sketch.allreduce_form if allreduce else ""
     blocks = (topo.gpus_per_node if allreduce and form in ("", "reduce-broadcast") and sketch.phases
               and topo.nodes > 1 and topo.gpus_per_node > 1 else 0)
+    if not 0 <= sketch.collective_root < topo.num_ranks:
+        raise UserError(f"root {sketch.collective_root} is not a rank of the {topo.num_ranks} ranks "
+                        f"({topo.nodes} node(s) of {topo.gpus_per_node} GPUs)", path=sketch.path,
+                        where="$.collective.root")
     return make_collective(name, topo.num_ranks, sketch.chunkup, root=sketch.collective_root, form=form,
                            local_blocks=blocks)
 

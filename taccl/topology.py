@@ -183,6 +183,24 @@ def _check_gpu(g, n, path, where):
         raise UserError(f"GPU index {g} is outside this node (gpus_per_node = {n})", path=path, where=where)
 
 
+def _check_node_connected(n: int, links: list, switches: list, path: str | None) -> None:
+    """That the links and switches join every GPU of a node to every other (else no collective can run, and
+    the synthesizer would blame the sketch for a route it cannot find)."""
+    import networkx as nx
+
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from((a, b) for a, b, _ in links)
+    for _, gpus, _ in switches:
+        members = sorted(gpus)
+        g.add_edges_from(zip(members, members[1:]))
+    parts = list(nx.connected_components(g))
+    if len(parts) > 1:
+        first, other = min(parts[0]), min(parts[1])
+        raise UserError(f"GPU {other} is joined to GPU {first} by no path of links and switches: the {n} GPUs of a "
+                        f"node fall into {len(parts)} unconnected groups", path=path, where="$.links")
+
+
 def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
     """Validate a topology document (schema, then cross-references) and build its spec."""
     if isinstance(doc, dict) and "node_betas_list" in doc:
@@ -244,6 +262,7 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
             _check_gpu(g, n, path, f"$.pcie_switches[{i}]")
     if doc.get("reservations"):
         links, switches, nics = _reserve(doc["reservations"], types, links, switches, nics, n, path)
+    _check_node_connected(n, links, switches, path)
     return TopologySpec(
         name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
         pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),

@@ -306,19 +306,21 @@ candidates:
     variants: {{protocol: [LL64], chunkup: [0]}}
   - sketch: {SKETCH}
     collectives: [alltoall]
+    variants: {{instances: [64]}}
 baselines: {{names: [ring, torus]}}
 colectives: [allreduce]
 """)
     out = tmp_path / "out"
     assert main(["batch", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "11 problems" in err
+    assert "12 problems" in err
+    assert "line 11: $.candidates[1].variants.instances[0]: 64 is greater than the maximum of 32" in err
     for text in ("line 2: $.topology: unknown topology 'ndv3'", "line 3: $.nodes[1]", "$.collectives[1]: unknown collective 'allsum'",
                  "line 5: $.sizes", "$.synthesis_sizes: a size must be at least one byte, got 0",
                  "line 8: $.candidates[0].sketch: no such sketch file",
                  "$.candidates[0].variants.protocol[0]", "$.candidates[0].variants.chunkup[0]",
                  "$.candidates[1].collectives[0]: 'alltoall' is not one of the SKU's collectives",
-                 "$.baselines.names[1]: unknown baseline 'torus'", "line 13: $.colectives: unknown key"):
+                 "$.baselines.names[1]: unknown baseline 'torus'", "line 14: $.colectives: unknown key"):
         assert text in err, text
     assert "Traceback" not in err and not out.exists()
 

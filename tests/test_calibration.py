@@ -130,6 +130,15 @@ def test_a_node_beyond_any_machine_is_refused_by_the_schema(tmp_path):
         spec_from_dict(json.loads(path.read_text()), path=str(path))
 
 
+def test_a_node_whose_gpus_no_link_joins_is_refused_naming_the_links(tmp_path):
+    """Without links (and no switch) a node's GPUs cannot talk: the synthesizer then blamed the sketch, saying
+    no route reaches rank 1."""
+    doc = json.loads((Path(__file__).resolve().parent.parent / "topologies" / "ndv2.json").read_text())
+    doc["links"] = [link for link in doc["links"] if 7 not in (link["src"], link["dst"])][:4]
+    with pytest.raises(UserError, match=r"\$\.links: GPU \d is joined to GPU \d by no path of links and switches"):
+        spec_from_dict(doc, path="cut.json")
+
+
 def test_bad_calibration_is_a_cli_error(tmp_path, capsys):
     from taccl.cli import main
 

@@ -79,7 +79,9 @@ def test_pcie_only_systems():
 
 @pytest.mark.parametrize("text,msg", [("hello", "no header"),
                                       ("        GPU0    GPU1\nGPU0     X      NV2\n", "rows missing"),
-                                      ("        GPU0    GPU1\nGPU0     X      BOGUS\nGPU1 NV2 X\n", "recognised cells")])
+                                      ("        GPU0    GPU1\nGPU0     X      BOGUS\nGPU1 NV2 X\n",
+                                       "column GPU1: 'BOGUS' is not a link kind"),
+                                      ("        GPU0    GPU1\nGPU0     X\nGPU1 NV2 X\n", "has 1 cells, expected one")])
 def test_bad_nvidia_smi_text(text, msg):
     with pytest.raises(UserError, match=msg):
         nvsmi.parse_text(text, path="t.txt")

@@ -103,6 +103,20 @@ BAD = [
      ["$.symmetry_offsets[0]", "24 ranks of 3 node(s) of 8 GPUs", "a multiple of 16", "group size 0"]),
     ("bad-size", variant(input_size="lots"), ["$.input_size", "expected a size"]),
     ("no-nics", variant(topology="torus-2x2"), ["has no NICs", "cannot span 2 nodes"]),
+    # what a fuzz of the command line found: errors that named no file, or the wrong place, or none
+    ("root-outside", variant(collective={"name": "broadcast", "root": 99}),
+     ["bad.json: $.collective.root: root 99 is not a rank of the 16 ranks"]),
+    ("beta-split-gpu", variant(internode_sketch={"strategy": "relay", "internode_conn": {"0": [1]},
+                                                 "beta_split": {"9": 2}}),
+     ["$.internode_sketch.beta_split.9", "GPU 9 is not in a 8-GPU node"]),
+    ("beta-split-huge", variant(internode_sketch={"strategy": "relay", "internode_conn": {"0": [1]},
+                                                  "beta_split": {"0": 1e300}}),
+     ["$.internode_sketch.beta_split.0", "greater than the maximum of 1024"]),
+    ("size-twice", variant(hyperparameters={"input_size": "2M"}), ["$.hyperparameters.input_size", "given twice"]),
+    ("size-below-chunks", variant(input_size=7),
+     ["$.input_size", "7 bytes are less than a byte for each of the 16 chunks", "at least 16 bytes"]),
+    ("name-a-path", variant(name="../../x"), ["bad.json: $.name: '../../x' is not a file name"]),
+    ("solver-threads", variant(solver={"threads": 100000}), ["$.solver.threads", "greater than the maximum of 1024"]),
 ]
 
 
@@ -289,7 +303,13 @@ BAD_CALLS = [
     (["solve", SKETCH, "-o", "{t}/out", "--name", "../../escape"], ["--name", "is not a file name"]),
     (["solve", SKETCH, "-o", "{t}/out", "--name", "n" * 250], ["--name", "longer than the file system's 255"]),
     (["solve", SKETCH, "-o", "{t}/out", "--max-extra-hops", "-3"], ["--max-extra-hops", "0 (minimal routes only)"]),
-    (["solve", SKETCH, "-o", "{t}/out", "--threads", "0"], ["--threads", "at least 1"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--threads", "0"], ["--threads", "from 1 to 1024"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--threads", "100000"], ["--threads", "from 1 to 1024"]),  # hung
+    (["solve", SKETCH, "-o", "{t}/out", "--time-limit", "nan"], ["--time-limit", "must be positive, got nan"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--collective", "{t}/nope.json"], ["{t}/nope.json", "file not found"]),
+    (["solve", SKETCH, "-o", ""], ["-o", "an empty directory name"]),
+    (["solve", SKETCH, "-o", "{t}/out", "--size", "7"], ["--size", "7 bytes are less than a byte for each"]),
+    (["baseline", "ring", "-t", "ndv2", "-o", "{t}/x.xml/"], ["-o", "is a directory, expected a file name"]),
     (["solve", SKETCH, "-o", "{t}/out", "--collective", "allsome"], ["--collective", "unknown collective"]),
     (["baseline", "ring", "-t", "ndv2", "-o", "{t}"], ["-o", "is a directory, expected a file name"]),
     (["baseline", "ring", "-t", "ndv2", "-o", "{t}/afile/x.xml"], ["{t}/afile/x.xml", "cannot be made"]),
@@ -394,6 +414,17 @@ def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, caps
     (("topology",), "", "$.topology: expected an object, got ''"),
     (("topology", "nodes"), "x", "$.topology.nodes: expected a node count (an integer of at least 1), got 'x'"),
     (("topology", "path"), -1, "$.topology.path: expected the topology file's path (a string) or null, got -1"),
+    (("topology", "nodes"), 3, "$.topology.nodes: 3 node(s) of ndv2 make 24 ranks, but the collective has 16"),
+    (("input_size_bytes",), "1M", "$.input_size_bytes: expected a positive integer (bytes), got '1M'"),
+    (("input_size_bytes",), 0, "$.input_size_bytes: expected a positive integer (bytes), got 0"),
+    (("chunk_bytes",), 0, "$.chunk_bytes: expected a positive number (bytes), got 0"),
+    (("time_us",), "x", "$.time_us: expected a number (us), got 'x'"),
+    (("transfers",), None, "$.transfers: expected a list of transfers, got None"),
+    (("transfers", 0), None, "$.transfers[0]: expected a transfer (an object), got None"),
+    (("transfers", 0, "src"), "a", "$.transfers[0].src: expected a rank, got 'a'"),
+    (("transfers", 0, "chunks"), ["a"], "$.transfers[0].chunks: expected a list of chunk indices, got ['a']"),
+    (("block_steps",), 7, "$.block_steps: block_steps must be a multiple of 8 from 8 to 64"),
+    (("instances",), 10000, "$.instances: instances must be from 1 to 32, got 10000"),
 ])
 def test_lower_names_the_field_of_a_malformed_algorithm_header(tmp_path, capsys, field, value, needle):
     """What a field-by-field fuzz of the algorithm file found: these once ended in a traceback or the OOM
@@ -482,6 +513,46 @@ def test_output_to_a_full_disk_and_stray_bytes_get_a_message(tmp_path):
     for path in (name, odd):
         assert main(["check", "-q", str(path)]) == 0
         assert main(["run", str(path), "--size", "64K", "--check"]) == 0
+
+
+def test_output_to_a_device_or_a_fifo_is_written_to_not_replaced(tmp_path, capsys):
+    """A write goes through a temporary file and a rename, which replaced /dev/full with a regular file when
+    run as root: a device or a FIFO is written to as it is, and a write that fails is one message."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    assert main(["baseline", "ring", "-t", "ndv2", "-o", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and got and got[0].startswith("<algo ")
+    assert main(["baseline", "ring", "-t", "ndv2", "-o", os.devnull]) == 0
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    if os.path.exists("/dev/full"):
+        capsys.readouterr()
+        assert main(["baseline", "ring", "-t", "ndv2", "-o", "/dev/full"]) == 2
+        assert "/dev/full: cannot write: No space left on device" in capsys.readouterr().err
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_a_program_that_deadlocks_in_simulation_names_its_file(tmp_path, capsys):
+    from taccl.baselines import build
+    from taccl.lowering import write_program
+    from taccl.topology import load_topology
+
+    ring = tmp_path / "ring.xml"
+    write_program(build("ring", load_topology("ndv2", 1), "allgather"), ring)
+    text = ring.read_text()
+    stuck = tmp_path / "stuck.xml"  # rank 0's step 1 waits for itself
+    head, tail = text.split('<step s="1" ', 1)
+    stuck.write_text(head + '<step s="1" ' + tail.replace('depid="-1" deps="-1"', 'depid="0" deps="1"', 1))
+    capsys.readouterr()
+    rc = main(["simulate", str(stuck), "-t", "ndv2"])
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{stuck}: the program deadlocks in simulation" in err and "taccl check" in err, err
 
 
 def test_a_user_defined_collective_is_solved_lowered_and_written_for_legacy_msccl(tmp_path, capsys):

@@ -201,6 +201,21 @@ def test_mip_start_is_used(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_start_a_rounding_outside_its_bounds_is_accepted(backend):
+    # a start computed in floating point can fall a rounding below a bound computed another way (CBC through
+    # PuLP refused it: "initial value 8.7954556 is smaller than lowBound 8.795455605899933")
+    m = Model("start")
+    lb = 8.795455605899933
+    x = m.add_var(lb, 20.0, obj=1.0)
+    y = m.add_var(0, 1, obj=1.0, integer=True)
+    m.add_constr([x, y], [1.0, 1.0], lo=9.0)
+    m.set_start([lb - 1e-9, 1.0])
+    r = solve(m, backend, SolveOptions(time_limit_s=10.0))
+    assert r.status == "optimal", (r.status, r.message)
+    assert r.objective == pytest.approx(9.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_deterministic(backend):
     m, _ = market_split(n_rows=3, n_cols=14, seed=3)
     opts = SolveOptions(time_limit_s=20.0, seed=5)

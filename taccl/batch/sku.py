@@ -33,7 +33,7 @@ import yaml
 from ..baselines import BASELINES
 from ..collectives import NAMES, canonical_name
 from ..errors import UserError
-from ..fileio import json_path, load_json, load_schema
+from ..fileio import json_path, load_json, load_schema, shortened
 from ..lowering import max_tbs_of
 from ..phases import highest_part
 from ..sketch import sketch_from_dict
@@ -203,7 +203,7 @@ def _schema_problems(doc, problems: _Problems) -> None:
                 problems.add(parts + (key,), f"unknown key {key!r}; expected one of "
                                              f"{', '.join(sorted(err.schema.get('properties', {})))}")
             continue
-        problems.add(parts, err.message)
+        problems.add(parts, shortened(err.message))
     for err in errors:
         if err.absolute_path and err.validator != "additionalProperties":
             _drop(doc, tuple(err.absolute_path))

@@ -68,14 +68,20 @@ def run(args) -> int:
     if args.no_fusion and args.fusion not in ("auto", "none"):
         raise UserError(f"--no-fusion and --fusion {args.fusion} contradict each other: give one of them")
     target = target_of_args(args)
-    out = check_output_file(args.output if args.output else default_output(args.algorithm))
+    out = check_output_file(args.output if args.output is not None else default_output(args.algorithm))
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
     if "custom" in algo.collective:  # a user-defined collective (`collective_to_json`)
         check_custom_target(target)
     try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
         topology = algo.load_topology()
-    except UserError:
-        topology = None  # its topology file is gone: fuse as the schedule says
+    except UserError as exc:  # its topology file is gone: fuse as the schedule says
+        topology = None
+        warn(f"{args.algorithm}: $.topology: {exc}; lowered without it (fusion as the schedule says, "
+             f"at most {DEFAULT_MAX_TBS} thread blocks a rank unless --max-tbs)")
+    ranks = algo.collective.get("num_ranks")
+    if topology is not None and topology.num_ranks != ranks:
+        raise UserError(f"{topology.nodes} node(s) of {topology.name} make {topology.num_ranks} ranks, but the "
+                        f"collective has {ranks}", path=args.algorithm, where="$.topology.nodes")
     min_bytes = parse_size(args.min_bytes, where="--min-bytes")
     max_bytes = parse_size(args.max_bytes, where="--max-bytes")
     with about_file(args.algorithm):  # a bad transfer, or an algorithm that cannot fit

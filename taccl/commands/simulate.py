@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from ..bounds import lower_bound
-from ..errors import UserError, about_file
+from ..errors import CheckFailed, UserError, about_file
 from ..simulator import SimOptions, Simulator
 from ..topology import Topology, load_spec
 from ..units import SIZE_HELP, format_size, parse_size_range
@@ -45,7 +45,11 @@ def run(args) -> int:
         sim = Simulator(program, topo, SimOptions(tiling=not args.no_tiling))
     rows = []
     coll = "reducescatter" if program.collective == "reduce_scatter" else program.collective
-    for s, r in zip(sizes, sim.run_sizes(sizes)):
+    try:
+        results = sim.run_sizes(sizes)
+    except CheckFailed as exc:  # a deadlock: about the file (`taccl check` finds which steps)
+        raise CheckFailed(f"{args.file}: {exc}; `taccl check {args.file}` names the steps") from None
+    for s, r in zip(sizes, results):
         lb = None
         try:
             lb = lower_bound(topo, coll, s, root=program.root or 0, proto=program.proto)

@@ -5,10 +5,10 @@ import json
 import sys
 
 from ..errors import UserError
-from ..fileio import check_output_dir, check_output_name, write_json
+from ..fileio import check_output_dir, check_output_name, load_json, write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
-from ..solver import SOLVERS
+from ..solver import MAX_THREADS, SOLVERS
 from ..targets import add_target_argument, check_custom_target, prepare_for_target, target_of_args
 from ..units import SIZE_HELP, parse_size
 
@@ -53,14 +53,15 @@ def register(sub):
 def run(args) -> int:
     from ..synthesize import SynthesisOptions, custom_collective_file, default_name, synthesize
 
-    if args.time_limit is not None and args.time_limit <= 0:
-        raise UserError("must be positive", where="--time-limit")
-    if args.stall is not None and args.stall < 0:
+    if args.time_limit is not None and not args.time_limit > 0:  # (NaN too)
+        raise UserError(f"must be positive, got {args.time_limit}", where="--time-limit")
+    if args.stall is not None and not args.stall >= 0:
         raise UserError("must be 0 (no stall limit) or positive", where="--stall")
     if args.nodes is not None and args.nodes < 1:
         raise UserError("must be at least 1", where="--nodes")
-    if args.threads is not None and args.threads < 1:
-        raise UserError("must be at least 1", where="--threads")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise UserError(f"must be from 1 to {MAX_THREADS} (a solver thread per core), got {args.threads}",
+                        where="--threads")
     if args.max_extra_hops is not None and args.max_extra_hops < 0:
         raise UserError("must be 0 (minimal routes only) or more", where="--max-extra-hops")
     report = Reporter(quiet=args.quiet or args.json)
@@ -73,9 +74,16 @@ def run(args) -> int:
                             stall_s=args.stall,
                             max_memory_bytes=None if args.max_memory is None else parse_size(args.max_memory,
                                                                                            where="--max-memory"))
-    if not args.no_xml and custom_collective_file(sketch, args.collective):
+    custom = custom_collective_file(sketch, args.collective)
+    if custom and not isinstance(load_json(custom), dict):  # a missing or broken file before the target's rule
+        raise UserError("expected a JSON object (a user-defined collective)", path=custom, where="$")
+    if custom and not args.no_xml:
         check_custom_target(target)
-    name = check_output_name(args.name or default_name(sketch, args.collective), suffix=".algo.json")
+    if args.name is not None:
+        name = check_output_name(args.name, suffix=".algo.json")
+    else:  # the sketch's name, else its file's
+        name = check_output_name(default_name(sketch, args.collective), suffix=".algo.json", path=sketch.path,
+                                 where="$.name")
     out = check_output_dir(args.output)
     algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,
                       options=opts, report=report, name=name)

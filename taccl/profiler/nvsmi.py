@@ -63,9 +63,13 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
                 break
             continue
         cells = tok[1:1 + len(devices)]
-        if len(cells) < len(devices) or not all(_REL.match(c) for c in cells):
-            raise UserError(f"row {tok[0]} has {len(cells)} recognised cells, expected {len(devices)} "
+        if len(cells) < len(devices):
+            raise UserError(f"row {tok[0]} has {len(cells)} cells, expected one per device: {len(devices)} "
                             f"(X, NV#, PIX, PXB, PHB, NODE, SYS)", path=path, where=f"line {ln}")
+        for col, c in zip(devices, cells):
+            if not _REL.match(c):
+                raise UserError(f"row {tok[0]}, column {col}: {c!r} is not a link kind; expected X, NV#, PIX, PXB, "
+                                f"PHB, NODE or SYS", path=path, where=f"line {ln}")
         rows[tok[0]] = (cells, tok[1 + len(devices):])
     gpus = [d for d in devices if re.match(r"^GPU\d+$", d)]
     nics = [d for d in devices if d not in gpus]
