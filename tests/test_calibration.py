@@ -139,6 +139,13 @@ def test_a_node_whose_gpus_no_link_joins_is_refused_naming_the_links(tmp_path):
         spec_from_dict(doc, path="cut.json")
 
 
+def test_a_nic_on_a_pcie_switch_the_file_does_not_list_is_refused():
+    doc = json.loads((Path(__file__).resolve().parent.parent / "topologies" / "dgx-a100.json").read_text())
+    doc["nics"][0]["pcie_switch"] = len(doc.get("pcie_switches", [])) + 38
+    with pytest.raises(UserError, match=r"\$\.nics\[0\]\.pcie_switch: PCIe switch \d+ does not exist"):
+        spec_from_dict(doc, path="a100.json")
+
+
 def test_bad_calibration_is_a_cli_error(tmp_path, capsys):
     from taccl.cli import main
 
