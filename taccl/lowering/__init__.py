@@ -218,18 +218,18 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     `taccl.simulator.TIE_TOLERANCE` of each other (a tie), of those that also tie at 4x the size, the fastest
     at a size 1024 times smaller (at least 1 KiB), then the schedule's. The two fastest are also lowered with their
     converging reductions landing the other way (`OTHER_LANDING`: with the last partial sum reduced as it lands
-    where the first lowering landed them all aside, Simple's default, and the reverse for LL and LL128) and ranked
-    with them. Where neither `block_steps` nor `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`)
-    are lowered again with each connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and
-    such a program replaces the fastest where it is faster and loses less against it at 4x the size than it gains at
-    the size (a loss within `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the
-    fastest, or the fastest is still over `SCHEDULE_KEPT` times the schedule's time, the same again on
-    `MORE_CONNECTION_BLOCKS` blocks. Where `max_tbs` is over 128, each
-    candidate with more blocks than that is also lowered with each instance's blocks merged down to its share
-    of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates are lowered unchecked
-    and only the one returned is proven (on 16 nodes a proof takes seconds); a policy whose program fails the
-    proof or deadlocks in simulation is lowered again proving each fusion mode (falling back to the next
-    mode) and the candidates are ranked again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS`
+    where the first lowering landed them all aside, Simple's default, and the reverse for LL and LL128), ranked with
+    them where they lose no more against the fastest at 4x the size than they gain at it. Where neither
+    `block_steps` nor `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`) are lowered again with
+    each connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
+    the fastest where it is faster and loses less against it at 4x the size than it gains at the size (a loss within
+    `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the fastest, or the fastest is
+    still over `SCHEDULE_KEPT` times the schedule's time, the same again on `MORE_CONNECTION_BLOCKS` blocks. Where
+    `max_tbs` is over 128, each candidate with more blocks than that is also lowered with each instance's blocks
+    merged down to its share of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates
+    are lowered unchecked and only the one returned is proven (on 16 nodes a proof takes seconds); a policy whose
+    program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling back to
+    the next mode) and the candidates are ranked again. Without a topology, or above `AUTO_POLICIES_MAX_TRANSFERS`
     transfers, the schedule's fusion is the only one lowered.
 
     `fusion` names one policy instead of "auto" (`FUSION_POLICIES`): "schedule" (keep_schedule=True),
@@ -355,29 +355,38 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         add(k)
     simulated = memo.simulated  # the rankings' simulations, by program
     size = algorithm.input_size_bytes
+
+    def trades_well(key, against) -> bool:
+        """Whether candidate `key` loses no more against candidate `against` at 4x the size than it gains at
+        the size (a loss within a tie is none: the ranking breaks ties as for the other policies)."""
+        from ..simulator import TIE_TOLERANCE
+
+        (one_at, one_above), (two_at, two_above) = (
+            [_simulated_us(candidates[k], topology, n, simulated) for n in (size, 4 * size)] for k in (against, key))
+        gain, loss = 1 - two_at / one_at, two_above / one_above - 1
+        return math.isfinite(two_at + two_above) and loss <= max(TIE_TOLERANCE, gain)
+
     other = OTHER_LANDING.get(converge)
     if other is not None and len(policies) > 1:
-        # the fastest policies again with the converging reductions landing the other way (OTHER_LANDING);
-        # the same program where nothing converges (dropped as seen). 2x DGX H100 ReduceScatter on two
-        # pieces a chunk, Simple on eight instances at 16 MiB: 70.0 us aside, 59.9 with the last as it lands
+        # the fastest policies again with the converging reductions landing the other way (OTHER_LANDING),
+        # kept where they do not lose more against the fastest at 4x the size than they gain at it, as for
+        # more blocks a connection below; the same program where nothing converges (dropped as seen). 2x DGX
+        # H100 ReduceScatter on two pieces a chunk, Simple on eight instances at 16 MiB: 70.0 us aside, 59.9
+        # with the last as it lands
         fastest_first = sorted(candidates, key=lambda key: (_simulated_us(candidates[key], topology, size,
                                                                           simulated), key))
         for base in fastest_first[:OTHER_LANDING_POLICIES]:
             names.append(f"{names[base]}, {LANDING_NAMES[other]}")
             policies.append({**policies[base], "converges": (other,)})
             add(len(policies) - 1)
+            if len(policies) - 1 in candidates and not trades_well(len(policies) - 1, fastest_first[0]):
+                del candidates[len(policies) - 1]
     if two_blocks:
         # the fastest policies again with each connection's transfers alternating between two blocks: more
         # blocks to hide flag waits, each with less bandwidth, so such a program must not lose more against the
         # fastest at 4x the size than it gains at the size. Not only the fastest's: 1x NDv2 AllToAll, Simple on
         # six instances at 1 MiB, unfused 41.9 us and 39.4 on two blocks, the schedule's fusion 47.1 and 35.9
-        from ..simulator import TIE_TOLERANCE
-
         best, _ = _ranked(candidates, topology, size, simulated)
-
-        def times(key):  # at the size and at 4x it
-            return [_simulated_us(candidates[key], topology, n, simulated) for n in (size, 4 * size)]
-
         at_size = {key: _simulated_us(p, topology, size, simulated) for key, p in candidates.items()}
         others = sorted((key for key in candidates if key != best and math.isfinite(at_size[key])),
                         key=lambda key: (at_size[key], key))
@@ -389,13 +398,10 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
             k = len(policies) - 1
             add(k)
             if k in candidates:
-                (one_at, one_above), (two_at, two_above) = times(best), times(k)
-                gain, loss = 1 - two_at / one_at, two_above / one_above - 1
-                # (a loss within a tie is none: the ranking below breaks ties as for the other policies)
-                if not math.isfinite(two_at + two_above) or loss > max(TIE_TOLERANCE, gain):
-                    del candidates[k]
-                else:
+                if trades_well(k, best):
                     spread_keys.add(k)
+                else:
+                    del candidates[k]
 
         bases = [best] + others[:TWO_BLOCKS_POLICIES - 1]
         for base in bases:
