@@ -33,7 +33,7 @@ from .program import MAX_NODES, Proto
 from .progress import SILENT
 from .routing import route
 from .sketch import DEFAULT_INPUT_SIZE, Sketch, load_sketch
-from .topology import Topology, load_spec
+from .topology import Topology, check_node_connected, load_spec
 from .units import parse_size
 
 DEFAULT_TIME_LIMIT_S = 120.0
@@ -73,6 +73,7 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
     spec = load_spec(topo_name, source=sketch.path, where="$.topology" if not topology else "--topology")
     n = nodes or sketch.nodes or 1
     topo = Topology(spec, n)
+    check_node_connected(spec)
     name = collective or sketch.collective or "allgather"
     custom = custom_collective_file(sketch, collective)
     if custom:

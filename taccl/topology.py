@@ -183,22 +183,23 @@ def _check_gpu(g, n, path, where):
         raise UserError(f"GPU index {g} is outside this node (gpus_per_node = {n})", path=path, where=where)
 
 
-def _check_node_connected(n: int, links: list, switches: list, path: str | None) -> None:
-    """That the links and switches join every GPU of a node to every other (else no collective can run, and
-    the synthesizer would blame the sketch for a route it cannot find)."""
+def check_node_connected(spec: "TopologySpec") -> None:
+    """That the links and switches join every GPU of a node to every other: without that no collective can be
+    synthesized on it (and the routing would blame the sketch for a route it cannot find). A topology file may
+    still lack them: `taccl profile` leaves the GPU-GPU links of a PCIe-only node unmeasured."""
     import networkx as nx
 
     g = nx.Graph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from((a, b) for a, b, _ in links)
-    for _, gpus, _ in switches:
+    g.add_nodes_from(range(spec.gpus_per_node))
+    g.add_edges_from((a, b) for a, b, _ in spec.links)
+    for _, gpus, _ in spec.switches:
         members = sorted(gpus)
         g.add_edges_from(zip(members, members[1:]))
-    parts = list(nx.connected_components(g))
+    parts = sorted((sorted(part) for part in nx.connected_components(g)), key=lambda part: part[0])
     if len(parts) > 1:
-        first, other = min(parts[0]), min(parts[1])
-        raise UserError(f"GPU {other} is joined to GPU {first} by no path of links and switches: the {n} GPUs of a "
-                        f"node fall into {len(parts)} unconnected groups", path=path, where="$.links")
+        raise UserError(f"GPU {parts[1][0]} is joined to GPU 0 by no path of links and switches (the "
+                        f"{spec.gpus_per_node} GPUs of a node fall into {len(parts)} unconnected groups): nothing can "
+                        f"be synthesized on it", path=spec.path, where="$.links")
 
 
 def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
@@ -267,7 +268,6 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
                             f"{len(doc.get('pcie_switches', []))}", path=path, where=f"$.nics[{i}].pcie_switch")
     if doc.get("reservations"):
         links, switches, nics = _reserve(doc["reservations"], types, links, switches, nics, n, path)
-    _check_node_connected(n, links, switches, path)
     return TopologySpec(
         name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
         pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),

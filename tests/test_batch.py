@@ -314,7 +314,7 @@ colectives: [allreduce]
     assert main(["batch", str(bad), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert "12 problems" in err
-    assert "line 11: $.candidates[1].variants.instances[0]: 64 is greater than the maximum of 32" in err
+    assert "line 12: $.candidates[1].variants.instances[0]: 64 is greater than the maximum of 32" in err
     for text in ("line 2: $.topology: unknown topology 'ndv3'", "line 3: $.nodes[1]", "$.collectives[1]: unknown collective 'allsum'",
                  "line 5: $.sizes", "$.synthesis_sizes: a size must be at least one byte, got 0",
                  "line 8: $.candidates[0].sketch: no such sketch file",
