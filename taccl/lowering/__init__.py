@@ -378,9 +378,10 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
         for base in fastest_first[:OTHER_LANDING_POLICIES]:
             names.append(f"{names[base]}, {LANDING_NAMES[other]}")
             policies.append({**policies[base], "converges": (other,)})
-            add(len(policies) - 1)
-            if len(policies) - 1 in candidates and not trades_well(len(policies) - 1, fastest_first[0]):
-                del candidates[len(policies) - 1]
+            k = len(policies) - 1
+            add(k)
+            if k in candidates and not trades_well(k, fastest_first[0]):
+                del candidates[k]
     if two_blocks:
         # the fastest policies again with each connection's transfers alternating between two blocks: more
         # blocks to hide flag waits, each with less bandwidth, so such a program must not lose more against the
