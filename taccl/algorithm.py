@@ -126,11 +126,16 @@ class Algorithm:
         if algo.protocol not in ("Simple", "LL128", "LL"):
             raise UserError(f"unknown protocol {algo.protocol!r}; expected Simple, LL128 or LL", path=path,
                             where="$.protocol")
-        if not 1 <= algo.instances <= 32:  # an instance takes channels of its own, and there are 32
-            raise UserError(f"instances must be from 1 to 32, got {algo.instances}", path=path, where="$.instances")
-        if algo.block_steps is not None and not (8 <= algo.block_steps <= 64 and algo.block_steps % 8 == 0):
-            raise UserError(f"block_steps must be a multiple of 8 from 8 to 64 (the runtime's steps a thread "
-                            f"block), got {algo.block_steps}", path=path, where="$.block_steps")
+        # the lowering's own limits (`LoweringOptions.validate`), reported at the file's fields, not as options
+        from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
+
+        if not 1 <= algo.instances <= MAX_CHANNELS:  # an instance takes channels of its own
+            raise UserError(f"instances must be from 1 to {MAX_CHANNELS}, got {algo.instances}", path=path,
+                            where="$.instances")
+        if algo.block_steps is not None and not (8 <= algo.block_steps <= DEFAULT_MAX_STEPS
+                                                 and algo.block_steps % 8 == 0):
+            raise UserError(f"block_steps must be a multiple of 8 from 8 to {DEFAULT_MAX_STEPS} (the runtime's "
+                            f"steps a thread block), got {algo.block_steps}", path=path, where="$.block_steps")
         try:
             exchange_partners(algo.transfers)
         except UserError as exc:

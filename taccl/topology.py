@@ -261,11 +261,11 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
     for i, grp in enumerate(doc.get("pcie_switches", [])):
         for g in grp:
             _check_gpu(g, n, path, f"$.pcie_switches[{i}]")
+    listed = len(doc.get("pcie_switches", []))
     for i, nic in enumerate(doc.get("nics", [])):  # (information only, but a wrong index is a wrong file)
-        k = nic.get("pcie_switch")
-        if k is not None and k >= len(doc.get("pcie_switches", [])):
-            raise UserError(f"PCIe switch {k} does not exist: $.pcie_switches lists "
-                            f"{len(doc.get('pcie_switches', []))}", path=path, where=f"$.nics[{i}].pcie_switch")
+        if nic.get("pcie_switch") is not None and nic["pcie_switch"] >= listed:
+            raise UserError(f"PCIe switch {nic['pcie_switch']} does not exist: $.pcie_switches lists {listed}",
+                            path=path, where=f"$.nics[{i}].pcie_switch")
     if doc.get("reservations"):
         links, switches, nics = _reserve(doc["reservations"], types, links, switches, nics, n, path)
     return TopologySpec(
