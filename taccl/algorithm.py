@@ -216,6 +216,17 @@ def _check_header(algo: Algorithm, path: str | None) -> None:
         refuse(f"expected a positive integer (bytes), got {algo.input_size_bytes}", "$.input_size_bytes")
     if not 0 < algo.chunk_bytes < float("inf"):
         refuse(f"expected a positive number (bytes), got {algo.chunk_bytes}", "$.chunk_bytes")
+    if not 0 <= algo.time_us < float("inf"):
+        refuse(f"expected a time of at least 0 (us), got {algo.time_us}", "$.time_us")
+    root = coll.get("root")
+    if root is not None and not is_count(root, 0, coll["num_ranks"] - 1):  # ignored by unrooted ones, but a typo
+        refuse(f"expected a rank from 0 to {coll['num_ranks'] - 1} or null, got {root!r}", "$.collective.root")
+    for i, t in enumerate(algo.transfers):  # the lowering orders sends by these times
+        if not 0 <= t.send_us < float("inf"):
+            refuse(f"expected a time of at least 0 (us), got {t.send_us}", f"$.transfers[{i}].send_us")
+        if not t.send_us <= t.arrive_us < float("inf"):
+            refuse(f"expected a time no earlier than the send's ({t.send_us} us), got {t.arrive_us}",
+                   f"$.transfers[{i}].arrive_us")
     if canonical_name(coll["name"]) in NAMES and algo.transfers:
         ranks = 1 + max(max(t.src, t.dst) for t in algo.transfers)
         chunks = 1 + max(max(t.chunks, default=0) for t in algo.transfers)

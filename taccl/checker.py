@@ -1237,7 +1237,7 @@ def _replay(ctx: _Ctx, ix: _Index, order: list[int], hb: _HappensBefore, coll: s
 def check_program(program: Program, *, dialect: str = "executor", max_steps: int | None = None,
                   max_threadblocks: int | None = None, max_nodes: int = MAX_NODES, sm_count: int = 132,
                   root: int | None = None, tiles: int = 1, rendezvous: bool = True,
-                  max_findings_per_rule: int = 20, target=None) -> CheckReport:
+                  max_findings_per_rule: int = 20, target=None, rules_only: bool = False) -> CheckReport:
     """Check every rule, deadlock and race freedom, and the declared collective's postcondition.
 
     Parameters
@@ -1253,6 +1253,8 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
     rendezvous : also search for deadlocks with unbuffered sends (warnings only).
     max_findings_per_rule : findings kept per rule; the rest are counted in ``report.suppressed``.
     target : a `taccl.targets.Target` (or its name): also what that runtime refuses beyond its dialect.
+    rules_only : check the rules (limits, indices, the target's) and stop: no matching, deadlock search or
+        proof (what a reader that does not prove the program, the simulator, still reports).
     """
     if dialect not in ("executor", "legacy"):
         raise ValueError(f"unknown dialect {dialect!r}")
@@ -1278,6 +1280,8 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
             ctx.add(ERROR, "target", why)
     report.stats = {"ranks": len(program.gpus), "threadblocks": sum(len(g.threadblocks) for g in program.gpus),
                     "steps": program.nsteps}
+    if rules_only:
+        return _finish(ctx, report)
     ix = None
     if not ctx.fatal:
         ix = _Index(program)

@@ -410,7 +410,8 @@ def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, caps
     # once built before any check: the conditions of 10^12 ranks exhausted memory
     (("collective", "num_ranks"), 10 ** 12, "$.collective.num_ranks: 1000000000000 ranks, but no transfer reaches"),
     (("collective", "chunkup"), 10 ** 9, "$.collective.chunkup: chunk-up 1000000000, but no transfer moves"),
-    (("collective", "root"), "x", "malformed collective"),
+    (("collective", "root"), "x", "$.collective.root: expected a rank from 0 to 15 or null, got 'x'"),
+    (("collective", "root"), 99, "$.collective.root: expected a rank from 0 to 15 or null, got 99"),
     (("topology",), "", "$.topology: expected an object, got ''"),
     (("topology", "nodes"), "x", "$.topology.nodes: expected a node count (an integer of at least 1), got 'x'"),
     (("topology", "path"), -1, "$.topology.path: expected the topology file's path (a string) or null, got -1"),
@@ -423,6 +424,9 @@ def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, caps
     (("transfers", 0), None, "$.transfers[0]: expected a transfer (an object), got None"),
     (("transfers", 0, "src"), "a", "$.transfers[0].src: expected a rank, got 'a'"),
     (("transfers", 0, "chunks"), ["a"], "$.transfers[0].chunks: expected a list of chunk indices, got ['a']"),
+    (("transfers", 0, "send_us"), -5, "$.transfers[0].send_us: expected a time of at least 0 (us), got -5.0"),
+    (("transfers", 0, "arrive_us"), -1, "$.transfers[0].arrive_us: expected a time no earlier than the send's"),
+    (("time_us",), -1, "$.time_us: expected a time of at least 0 (us), got -1.0"),
     (("block_steps",), 7, "$.block_steps: block_steps must be a multiple of 8 from 8 to 64"),
     (("instances",), 10000, "$.instances: instances must be from 1 to 32, got 10000"),
 ])
@@ -601,3 +605,22 @@ def test_a_malformed_user_defined_collective_names_its_field(tmp_path, capsys, c
     assert main(["solve", SKETCH, "--collective", str(custom), "--no-xml", "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{custom}: {needle}" in err and "Traceback" not in err, err
+
+
+def test_a_program_the_runtime_would_refuse_simulates_with_a_warning(tmp_path, capsys):
+    from taccl.baselines import build
+    from taccl.lowering import write_program
+    from taccl.topology import load_topology
+
+    ring = tmp_path / "ring.xml"
+    write_program(build("ring", load_topology("ndv2", 1), "allgather"), ring)
+    assert main(["simulate", str(ring), "-t", "ndv2", "--sizes", "1M"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    text = ring.read_text()
+    nochannel = tmp_path / "nochannel.xml"
+    nochannel.write_text(re.sub(r'nchannels="\d+"', 'nchannels="0"', text, count=1))
+    assert main(["simulate", str(nochannel), "-t", "ndv2", "--sizes", "1M"]) == 0
+    out, err = capsys.readouterr()
+    assert "1048576" in out
+    assert (f"{nochannel}: warning: the MSCCL executor would refuse this program (nchannels=0 must be in 1..32"
+            in err and f"`taccl check {nochannel}` lists them" in err), err

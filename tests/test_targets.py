@@ -101,6 +101,15 @@ def test_directory_checked_as_the_runtime_loads_it(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", "-q", "--target", "msccl-legacy", str(legacy)]) == 1
     assert "loads at most 4 files" in capsys.readouterr().out
+    # a directory with nothing the runtime loads (a wrong path, say): the runtime would run its own algorithms
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("no program\n")
+    assert main(["check", "-q", "--target", "msccl-legacy", str(empty)]) == 1
+    assert "no *.xml file here for msccl-legacy to load" in capsys.readouterr().out
+    (empty / "readme.txt").unlink()
+    assert main(["check", "-q", str(empty)]) == 1
+    assert "no file here for msccl-executor to load" in capsys.readouterr().out
 
 
 def test_a_program_no_power_of_two_size_divides_is_noted(tmp_path, capsys):

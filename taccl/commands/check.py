@@ -80,6 +80,9 @@ def run(args) -> int:
             worst = max(worst, code)
             loaded.append((f, program))
         problems = directory_problems(loaded, target)
+        if not loaded:  # a wrong directory: the runtime would load nothing and run its own algorithms
+            what = "*.xml file" if target.dialect == "legacy" else "file"
+            problems.append(("error", path, f"no {what} here for {target.name} to load"))
         for severity, where, message in problems:
             if args.json:
                 docs.append({"directory": path, "file": where, "severity": severity, "rule": "directory",

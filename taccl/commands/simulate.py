@@ -6,13 +6,15 @@ each time, or JSON with ``--json``.
 from __future__ import annotations
 
 import json
+import sys
 
 from ..bounds import lower_bound
+from ..checker import check_program
 from ..errors import CheckFailed, UserError, about_file
 from ..simulator import SimOptions, Simulator
 from ..topology import Topology, load_spec
 from ..units import SIZE_HELP, format_size, parse_size_range
-from ..xmlio import read_program
+from ..xmlio import read_xml
 
 
 def register(subparsers) -> None:
@@ -37,8 +39,27 @@ def load_for(program, topology: str, nodes: int | None) -> Topology:
     return Topology(spec, nodes)
 
 
+_RUNTIME = {"executor": "the MSCCL executor", "legacy": "legacy MSCCL"}  # who reads each dialect
+
+
+def _warn_if_refused(path: str, program, dialect: str) -> None:
+    """A program that breaks a rule of the runtime it is written for (no channel, a channel index beyond
+    nchannels, too many steps in a block, ...) still simulates, but would never run: say so on stderr."""
+    report = check_program(program, dialect=dialect, rules_only=True)
+    if report.ok:
+        return
+    first = report.errors[0]
+    more = len(report.errors) - 1 + sum(report._suppressed_errors.values())
+    line = f":{first.line}" if first.line is not None else ""
+    print(f"{path}{line}: warning: {_RUNTIME[dialect]} would refuse this program ({first.message}"
+          f"{f'; {more} more rule error(s)' if more else ''}); simulated as written, `taccl check {path}` lists "
+          f"them", file=sys.stderr)
+
+
 def run(args) -> int:
-    program = read_program(args.file)
+    parsed = read_xml(args.file)
+    program = parsed.program
+    _warn_if_refused(args.file, program, parsed.dialect)
     topo = load_for(program, args.topology, args.nodes)
     sizes = parse_size_range(args.sizes)
     with about_file(args.file):  # a program the simulator cannot make sense of
