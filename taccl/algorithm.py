@@ -219,7 +219,8 @@ def _check_header(algo: Algorithm, path: str | None) -> None:
     if not 0 <= algo.time_us < float("inf"):
         refuse(f"expected a time of at least 0 (us), got {algo.time_us}", "$.time_us")
     root = coll.get("root")
-    if root is not None and not is_count(root, 0, coll["num_ranks"] - 1):  # unrooted ones ignore it: a mistake all the same
+    # unrooted collectives ignore the root, but one out of range is a mistake all the same
+    if root is not None and not is_count(root, 0, coll["num_ranks"] - 1):
         refuse(f"expected a rank from 0 to {coll['num_ranks'] - 1} or null, got {root!r}", "$.collective.root")
     for i, t in enumerate(algo.transfers):  # the lowering orders sends by these times
         if not 0 <= t.send_us < float("inf"):
