@@ -1219,3 +1219,26 @@ def test_thread_blocks_are_numbered_in_the_schedules_send_order():
     for g in prog.gpus:
         order = [first_send[(g.id, tb.send)] for tb in g.threadblocks if tb.send >= 0]
         assert order == sorted(order) and all(tb.send >= 0 for tb in g.threadblocks[:len(order)])
+
+
+def test_a_program_landing_the_other_way_takes_no_other_policys_place_in_the_spread_passes(monkeypatch):
+    # 2x NDv2 AllReduce (ndv2-sk-1), Simple on one instance at 1 MiB: the fastest policy's other landing came
+    # second, so the second policy landing the first way was no longer tried on two blocks a connection:
+    # 185.2 us, where without the other landings "auto" found 181.8
+    from pathlib import Path
+
+    import taccl.lowering
+    from taccl.lowering import max_tbs_of
+    from taccl.simulator import TIE_TOLERANCE, Simulator
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    root = Path(__file__).resolve().parent.parent
+    algo = synthesize(load_sketch(root / "sketches" / "ndv2-sk-1.json"), collective="allreduce",
+                      options=SynthesisOptions(time_limit_s=20))
+    topo = algo.load_topology()
+    kw = dict(topology=topo, max_tbs=max_tbs_of(topo.spec))
+    time_of = lambda p: Simulator(p, topo).run(algo.input_size_bytes).time_us  # noqa: E731
+    best = time_of(lower(algo, **kw))
+    monkeypatch.setattr(taccl.lowering, "OTHER_LANDING_POLICIES", 0)
+    assert best <= (1 + TIE_TOLERANCE) * time_of(lower(algo, **kw))
