@@ -221,9 +221,9 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     where the first lowering landed them all aside, Simple's default, and the reverse for LL and LL128), ranked with
     them where they lose no more against the fastest at 4x the size than they gain at it. Where neither
     `block_steps` nor `connection_blocks` is given, the two fastest (`TWO_BLOCKS_POLICIES`), and the two fastest of
-    the first landing, are lowered again with each connection's transfers alternating between two blocks (`CONNECTION_BLOCKS`), and such a program replaces
-    the fastest where it is faster and loses less against it at 4x the size than it gains at the size (a loss within
-    `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the fastest, or the fastest is
+    the first landing, are lowered again with each connection's transfers alternating between two blocks
+    (`CONNECTION_BLOCKS`), and such a program replaces the fastest where it is faster and loses less against it
+    at 4x the size than it gains at the size (a loss within `TIE_TOLERANCE` is none: the ranking breaks the tie); where one of them is then the fastest, or the fastest is
     still over `SCHEDULE_KEPT` times the schedule's time, the same again on `MORE_CONNECTION_BLOCKS` blocks. Where
     `max_tbs` is over 128, each candidate with more blocks than that is also lowered with each instance's blocks
     merged down to its share of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates
@@ -407,9 +407,9 @@ def _lower(algorithm, memo: LoweringMemo, *, instances, proto, min_bytes, max_by
                 else:
                     del candidates[k]
 
-        # and the fastest of those landing the first way, as if no other landing had been tried: one such
-        # candidate in the first few took the place of a policy whose spread was the fastest (2x NDv2
-        # AllReduce at 1 MiB: 181.8 us, 185.2 without that policy's spread)
+        # the two fastest, and the two fastest landing the first way as if no other landing had been tried:
+        # a candidate landing the other way among the first few took the place of a policy whose spread was
+        # the fastest (2x NDv2 AllReduce at 1 MiB: 181.8 us, 185.2 without that policy's spread)
         first_landing = [key for key in [best] + others if key not in landing_keys]
         bases = list(dict.fromkeys([best] + others[:TWO_BLOCKS_POLICIES - 1] + first_landing[:TWO_BLOCKS_POLICIES]))
         for base in bases:
