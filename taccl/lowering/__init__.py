@@ -225,7 +225,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     (`CONNECTION_BLOCKS`), and such a program replaces the fastest where it is faster and loses less against it
     at 4x the size than it gains at the size (a loss within `TIE_TOLERANCE` is none: the ranking breaks the
     tie); where one of them is then the fastest, or the fastest is still over `SCHEDULE_KEPT` times the
-    schedule's time, the same again on `MORE_CONNECTION_BLOCKS` blocks. Where `max_tbs` is over 128, each candidate with more blocks than that is also lowered with each instance's blocks
+    schedule's time, the same again on `MORE_CONNECTION_BLOCKS` blocks. Where `max_tbs` is over 128, each
+    candidate with more blocks than that is also lowered with each instance's blocks
     merged down to its share of 128 (`LoweringOptions.blocks_within_ids`) and ranked with the others. The candidates
     are lowered unchecked and only the one returned is proven (on 16 nodes a proof takes seconds); a policy whose
     program fails the proof or deadlocks in simulation is lowered again proving each fusion mode (falling back to
