@@ -59,7 +59,6 @@ def _warn_if_refused(path: str, program, dialect: str) -> None:
 def run(args) -> int:
     parsed = read_xml(args.file)
     program = parsed.program
-    _warn_if_refused(args.file, program, parsed.dialect)
     topo = load_for(program, args.topology, args.nodes)
     sizes = parse_size_range(args.sizes)
     with about_file(args.file):  # a program the simulator cannot make sense of
@@ -70,6 +69,7 @@ def run(args) -> int:
         results = sim.run_sizes(sizes)
     except CheckFailed as exc:  # a deadlock: about the file (`taccl check` finds which steps)
         raise CheckFailed(f"{args.file}: {exc}; `taccl check {args.file}` names the steps") from None
+    _warn_if_refused(args.file, program, parsed.dialect)  # once it simulated: an error comes alone
     for s, r in zip(sizes, results):
         lb = None
         try:
