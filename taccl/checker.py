@@ -177,6 +177,11 @@ class CheckReport:
         return [f for f in self.findings if f.severity == ERROR]
 
     @property
+    def error_count(self) -> int:
+        """Every error found, those beyond the per-rule cap too."""
+        return len(self.errors) + sum(self._suppressed_errors.values())
+
+    @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == WARNING]
 
@@ -190,8 +195,7 @@ class CheckReport:
             raise CheckFailed(f"{head}program fails {len(self.errors)} check(s):\n{first}")
 
     def summary(self) -> str:
-        ne, nw = len(self.errors), len(self.warnings)
-        ne += sum(self._suppressed_errors.values())
+        ne, nw = self.error_count, len(self.warnings)
         if self.ok:
             what = f"{self.collective} proven ({', '.join(self.modes)})" if self.proven else "rules hold"
             return f"OK: {what}; {nw} warning(s)"

@@ -49,7 +49,7 @@ def _warn_if_refused(path: str, program, dialect: str) -> None:
     if report.ok:
         return
     first = report.errors[0]
-    more = len(report.errors) - 1 + sum(report._suppressed_errors.values())
+    more = report.error_count - 1
     line = f":{first.line}" if first.line is not None else ""
     print(f"{path}{line}: warning: {_RUNTIME[dialect]} would refuse this program ({first.message}"
           f"{f'; {more} more rule error(s)' if more else ''}); simulated as written, `taccl check {path}` lists "
