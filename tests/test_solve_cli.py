@@ -59,6 +59,23 @@ def test_solve_writes_algorithm_with_stage_statistics(tmp_path, capsys):
     assert {"chunks", "src", "dst", "send_us", "arrive_us", "op", "deps"} <= set(t)
 
 
+def test_an_output_ending_in_xml_names_the_program_as_lower_and_baseline_take_it(tmp_path, capsys):
+    sketch = str(ROOT / "sketches" / "ndv2-single.json")
+    assert main(["solve", sketch, "-q", "-o", str(tmp_path / "new" / "ag.xml")]) == 0
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["ag.algo.json", "ag.xml"]
+    # an existing directory keeps its meaning, whatever its name
+    (tmp_path / "d.xml").mkdir()
+    assert main(["solve", sketch, "-q", "--no-xml", "-o", str(tmp_path / "d.xml")]) == 0
+    assert [p.name for p in (tmp_path / "d.xml").iterdir()] == ["ndv2-single.algo.json"]
+    capsys.readouterr()
+    for argv, needle in ((["-o", str(tmp_path / "x.xml"), "--name", "y"], "-o: names the program's file (x.xml)"),
+                         (["-o", str(tmp_path / ".xml")], "-o: expected the program's file name before .xml")):
+        assert main(["solve", sketch, "-q", *argv]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.xml", "new"]  # nothing written on an error
+
+
 def test_json_on_stdout_is_all_that_a_fresh_process_prints_there(tmp_path):
     # highspy's constructor prints HiGHS's banner on the process's stdout, once per process (so only a
     # fresh process shows it): it preceded the JSON

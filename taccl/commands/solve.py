@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from ..errors import UserError
-from ..fileio import check_output_dir, check_output_name, load_json, write_json
+from ..fileio import check_output_dir, check_output_file, check_output_name, load_json, write_json
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import MAX_THREADS, SOLVERS
@@ -44,7 +45,9 @@ def register(sub):
                    help="refuse, before solving, a problem whose synthesis is estimated to need more memory "
                         f"than this, e.g. 8G (default: this machine's memory; {SIZE_HELP})")
     add_target_argument(p)
-    p.add_argument("-o", "--output", default=".", metavar="OUTDIR", help="output directory (default .)")
+    p.add_argument("-o", "--output", default=".", metavar="OUTDIR",
+                   help="output directory (default .); a path ending in .xml names the program itself, the "
+                        "algorithm then goes beside it as NAME.algo.json")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=run)
@@ -79,12 +82,10 @@ def run(args) -> int:
         raise UserError("expected a JSON object (a user-defined collective)", path=custom, where="$")
     if custom and not args.no_xml:
         check_custom_target(target)
-    if args.name is not None:
-        name = check_output_name(args.name, suffix=".algo.json")
-    else:  # the sketch's name, else its file's
+    out, name = _output_place(args.output, args.name)
+    if name is None:  # the sketch's name, else its file's
         name = check_output_name(default_name(sketch, args.collective), suffix=".algo.json", path=sketch.path,
                                  where="$.name")
-    out = check_output_dir(args.output)
     algo = synthesize(sketch, topology=args.topology, nodes=args.nodes, collective=args.collective, input_size=args.size,
                       options=opts, report=report, name=name)
     xml_path = None
@@ -115,6 +116,24 @@ def run(args) -> int:
             report(f"note: {n}")
         report(f"finished in {summary['elapsed_s']:.1f} s, peak memory {summary['peak_memory_mb']:.0f} MiB")
     return 0
+
+
+def _output_place(output: str, name: str | None) -> tuple:
+    """(directory, name or None for the sketch's) of `-o` and `--name`. `-o X.xml` (not a directory) is the
+    program's file, as for `taccl lower` and `taccl baseline`: X.xml and X.algo.json, its directory made if
+    need be."""
+    path = Path(output)
+    if output.lower().endswith(".xml") and not path.is_dir():
+        if name is not None:
+            raise UserError(f"names the program's file ({path.name}), so --name {name!r} has no place: give one "
+                            f"of them", where="-o")
+        check_output_file(path)
+        if path.name[:-len(".xml")] in ("", "."):
+            raise UserError("expected the program's file name before .xml", path=output, where="-o")
+        return path.parent, check_output_name(path.name[:-len(".xml")], suffix=".algo.json", where="-o")
+    if name is not None:
+        name = check_output_name(name, suffix=".algo.json")
+    return check_output_dir(output), name
 
 
 def _lower(algo, target, report):
