@@ -62,15 +62,20 @@ class SynthesisOptions:
     max_memory_source: str = "--max-memory"  # where that limit comes from, for the refusal
 
 
+def sketch_topology_spec(sketch: Sketch, topology=None):
+    """The TopologySpec a sketch is solved on: `topology` (--topology) if given, else the sketch's."""
+    topo_name = topology or sketch.topology
+    if not topo_name:
+        raise UserError("the sketch names no topology: add \"topology\" to it or pass --topology", path=sketch.path, where="$")
+    return load_spec(topo_name, source=sketch.path, where="$.topology" if not topology else "--topology")
+
+
 def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input_size=None,
             max_memory_bytes: int | None = None, max_memory_source: str = "--max-memory"):
     """Apply command-line overrides to a sketch; return (Topology, Collective, input_size_bytes). A built-in
     collective too large to synthesize within `max_memory_bytes` (None: this machine's memory) is refused
     before it is built."""
-    topo_name = topology or sketch.topology
-    if not topo_name:
-        raise UserError("the sketch names no topology: add \"topology\" to it or pass --topology", path=sketch.path, where="$")
-    spec = load_spec(topo_name, source=sketch.path, where="$.topology" if not topology else "--topology")
+    spec = sketch_topology_spec(sketch, topology)
     n = nodes or sketch.nodes or 1
     topo = Topology(spec, n)
     check_node_connected(spec)

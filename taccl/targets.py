@@ -22,6 +22,10 @@ A program lowered for RCCL sends and receives with plain steps: a received parti
 local reduction (``re``) adds it, where the executor's programs fuse the two (``rrc``), and a relay receives
 then sends. `taccl solve / lower / baseline --target rccl` lower so, and `taccl check --target rccl` refuses
 what RCCL would.
+
+Without --target, a command that knows the topology writes for the runtime of its GPUs (the topology's
+``vendor``, `VENDOR_TARGETS`): RCCL on AMD GPUs, where the MSCCL executor and legacy MSCCL do not run, and the
+MSCCL executor on NVIDIA ones.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from dataclasses import dataclass
 from .errors import UserError
 from .program import Program, StepType
 
-__all__ = ["Target", "TARGETS", "DEFAULT_TARGET", "ROOTED", "LEGACY_MAX_FILES", "get_target", "target_problems",
+__all__ = ["Target", "TARGETS", "DEFAULT_TARGET", "VENDOR_TARGETS", "default_target", "ROOTED", "LEGACY_MAX_FILES",
+           "get_target", "target_problems",
            "rooted_problem", "add_target_argument", "target_of_args", "prepare_for_target", "load_order",
            "directory_problems", "lowered_for", "check_dialect", "check_custom_target", "RANK_MULTIPLIED",
            "selects_size", "selected_near", "SELECTION_ELEMENT_BYTES"]
@@ -62,6 +67,9 @@ TARGETS = {t.name: t for t in (
     Target("msccl-legacy", "legacy", max_files=LEGACY_MAX_FILES),
 )}
 DEFAULT_TARGET = "msccl-executor"
+# the runtime a topology's programs are for when no --target names one: on AMD GPUs only RCCL (which ships the
+# MSCCL executor) runs MSCCL programs, and it refuses fused steps
+VENDOR_TARGETS = {"nvidia": DEFAULT_TARGET, "amd": "rccl"}
 
 
 # the calls whose larger buffer holds a count for every rank (N = count x nranks, msccl-xml.md 1.8)
@@ -157,7 +165,8 @@ def lowered_for(target: Target) -> str:
 def add_target_argument(parser) -> None:
     """--target, and --dialect kept as its older spelling (legacy = msccl-legacy)."""
     parser.add_argument("--target", choices=list(TARGETS), default=None,
-                        help="the runtime the program is for (default msccl-executor): its dialect, limits and "
+                        help="the runtime the program is for (default: the topology's, msccl-executor on NVIDIA "
+                             "GPUs, rccl on AMD ones): its dialect, limits and "
                              "meanings (rccl: no fused steps, at most 64 thread blocks a rank; msccl-legacy: one "
                              "call kind per file, a bounded window when there is scratch)")
     parser.add_argument("--dialect", choices=("executor", "legacy"), default=None,
@@ -171,11 +180,19 @@ def check_dialect(target: str | None, dialect: str | None) -> None:
                         where="--dialect")
 
 
-def target_of_args(args) -> Target:
+def default_target(spec=None) -> str:
+    """The target of a topology's programs when none is named (`VENDOR_TARGETS`; None: no topology known)."""
+    return VENDOR_TARGETS[spec.vendor] if spec is not None else DEFAULT_TARGET
+
+
+def target_of_args(args, spec=None) -> Target:
+    """--target, else --dialect legacy, else the default of the topology `spec` (`default_target`)."""
     check_dialect(args.target, args.dialect)
     if args.target:
         return get_target(args.target)
-    return get_target("msccl-legacy" if args.dialect == "legacy" else DEFAULT_TARGET)
+    if args.dialect == "legacy":
+        return get_target("msccl-legacy")
+    return get_target(default_target(spec))
 
 
 def prepare_for_target(program: Program, target: Target, *, report=print) -> None:

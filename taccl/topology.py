@@ -168,6 +168,7 @@ class TopologySpec:
     local_bw_GBps: float | None = None  # one thread block's on-GPU copy / reduce bandwidth
     sync_us: float = 0.0  # a dependency between thread blocks of one GPU: flag published, then seen
     sm_count: int | None = None  # streaming multiprocessors: the most thread blocks a rank may have
+    vendor: str = "nvidia"  # the GPUs' maker: which runtime runs the programs by default (`taccl.targets`)
     description: str = ""
     sources: list = field(default_factory=list)
     path: str | None = None
@@ -272,7 +273,7 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
         name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
         pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),
         call_us=call_us, local_bw_GBps=runtime.get("local_bw_GBps"), sync_us=float(runtime.get("sync_us", 0.0)),
-        sm_count=runtime.get("sm_count"),
+        sm_count=runtime.get("sm_count"), vendor=doc.get("vendor", "nvidia"),
         description=doc.get("description", ""), sources=doc.get("sources", []), path=path, raw=doc,
     )
 

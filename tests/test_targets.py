@@ -1,6 +1,7 @@
 """Targets (`taccl.targets`): XML each runtime runs, and `taccl check --target` refusing what it would not."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -39,6 +40,33 @@ def test_rccl_programs_have_no_fused_steps_and_run(tmp_path):
     assert not _fused(program) and program.max_threadblocks <= 64
     assert main(["check", "-q", "--target", "rccl", str(tmp_path / "ar.xml")]) == 0
     assert runtime.run_program(tmp_path / "ar.xml", size=1 << 20)["wrong"] == 0
+
+
+def test_programs_for_amd_gpus_are_written_for_rccl_unless_a_target_is_named(tmp_path):
+    """On AMD GPUs RCCL alone runs MSCCL programs (the executor is a plugin of NVIDIA's NCCL, legacy MSCCL a fork
+    of it), so a topology of `vendor` amd makes rccl the default of solve, lower, baseline and batch."""
+    from taccl.batch.sku import load_sku
+
+    sketch = tmp_path / "mi.json"
+    sketch.write_text(json.dumps({"name": "mi", "topology": "mi300x", "collective": "allreduce",
+                                  "input_size": "1M", "intranode_sketch": {"strategy": "none"}}))
+    assert main(["solve", str(sketch), "-q", "-o", str(tmp_path / "ar.xml")]) == 0
+    assert main(["lower", str(tmp_path / "ar.algo.json"), "-q", "-o", str(tmp_path / "lowered.xml")]) == 0
+    assert main(["baseline", "ring", "-t", "mi300x", "-c", "allreduce", "-q", "-o", str(tmp_path / "ring.xml")]) == 0
+    for name in ("ar.xml", "lowered.xml", "ring.xml"):
+        program = read_program(str(tmp_path / name))
+        assert not _fused(program) and program.max_threadblocks <= 64, name
+    # a target named on the command line wins
+    named = tmp_path / "executor.xml"
+    assert main(["baseline", "ring", "-t", "mi300x", "-c", "allreduce", "-q", "--target", "msccl-executor",
+                 "-o", str(named)]) == 0
+    assert _fused(read_program(str(named)))
+    sku = tmp_path / "mi.yaml"
+    sku.write_text("topology: mi300x\nnodes: [1]\ncollectives: [allreduce]\nsizes: [1MiB]\n"
+                   "candidates: [{sketch: mi.json}]\n")
+    assert load_sku(sku).targets == ("rccl",)
+    sku.write_text(sku.read_text().replace("mi300x", "ndv2"))
+    assert load_sku(sku).targets == ("msccl-executor",)
 
 
 def test_legacy_window_bounded_where_scratch_is_allocated(tmp_path):

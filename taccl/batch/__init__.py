@@ -15,8 +15,9 @@ Output directory:
     OUTDIR/selection.csv, .json   the selection table (and, in JSON, every contender's time per size)
     OUTDIR/report.md, plots/      algbw against size per collective, speedups, synthesis cost
 
-A SKU with `targets:` other than the executor alone gets all but the cache once per target, in
-OUTDIR/<target>/ (`taccl.targets`: each runtime's own lowering, dialect, windows and limits).
+A SKU with `targets:` other than its topology's runtime alone (the executor; RCCL on AMD GPUs) gets all but
+the cache once per target, in OUTDIR/<target>/ (`taccl.targets`: each runtime's own lowering, dialect,
+windows and limits).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from ..budget import machine_memory_bytes
 from ..errors import UserError
 from ..progress import SILENT
-from ..targets import DEFAULT_TARGET
+from ..targets import default_target
 from .cache import OutdirLock, Store
 from .executors import EXECUTORS, run_local, run_ray
 from .jobs import Task, WithRecords, deployed, plan
@@ -173,7 +174,8 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
 
         targets = {}
         for target in sku.targets:
-            target_dir = outdir if sku.targets == (DEFAULT_TARGET,) else outdir / target
+            # the topology's own runtime alone writes into OUTDIR itself, several targets a directory each
+            target_dir = outdir if sku.targets == (default_target(sku.spec),) else outdir / target
             report(f"{target}: selecting the fastest program per size and writing the XML programs")
             # what a previous run deployed competes again, so a rerun never makes a window slower
             incumbents, records = deployed(sku, target_dir, tasks, store, target)

@@ -16,7 +16,8 @@
         variants: {chunkup: [1, 2], switch_policy: [uc-min], instances: [1, 2], protocol: [Simple, LL]}
         # fusion: [auto, network]   # lowering policies, one program each (default [auto]; see `taccl lower`)
     baselines: {protocol: [Simple, LL, LL128], emit: xml}     # names: default every applicable one
-    targets: [msccl-executor, rccl, msccl-legacy]              # runtimes to write for (default the executor)
+    targets: [msccl-executor, rccl, msccl-legacy]              # runtimes to write for (default the topology's:
+                                                               # the executor, rccl on AMD GPUs)
 
 `load_sku(path) -> Sku` reports every problem in the file at once (schema and meaning: unknown topology,
 missing sketch, impossible node count, unknown collective...), each with its line and JSON path, before
@@ -38,7 +39,7 @@ from ..lowering import max_tbs_of
 from ..phases import highest_part
 from ..sketch import sketch_from_dict
 from ..synthesize import DEFAULT_STALL_S
-from ..targets import DEFAULT_TARGET, ROOTED
+from ..targets import DEFAULT_TARGET, ROOTED, default_target
 from ..topology import TopologySpec, load_spec
 from ..units import parse_size, parse_size_range
 
@@ -300,7 +301,7 @@ def load_sku(path) -> Sku:
                baseline_protocols=tuple(bdoc.get("protocol", DEFAULT_PROTOCOLS)),
                baseline_instances=tuple(bdoc.get("instances", (1,))), emit_baselines=bdoc.get("emit", "xml") == "xml",
                merge_tolerance=float(doc.get("merge_tolerance", 0.0)),
-               targets=tuple(doc.get("targets", (DEFAULT_TARGET,))))
+               targets=tuple(doc.get("targets", (default_target(spec),))))
 
 
 def _misfit(sketch, spec, nodes: int, collective: str) -> str | None:

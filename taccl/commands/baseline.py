@@ -30,9 +30,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    target = target_of_args(args)
     check_output_file(args.output)
     topo = load_topology(args.topology, args.nodes, where="--topology")
+    target = target_of_args(args, topo.spec)
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
                     max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec), target=target.name)

@@ -34,6 +34,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..batch import dry_run, run_batch
+    from ..targets import default_target
 
     if args.dry_run:
         rows = dry_run(args.sku, args.output, retry_failed=args.retry_failed)
@@ -71,7 +72,7 @@ def run(args) -> int:
         print(f"{len(sel.jobs)} jobs: {result.computed} run, {result.cached} from the cache, {result.failed} failed; "
               f"{result.wall_s:.0f} s")
         for name, (s, out) in targets.items():
-            if len(targets) > 1 or name != "msccl-executor":
+            if len(targets) > 1 or name != default_target(result.sku.spec):
                 print(f"{name} ({out}):")
             _print_target(name, s, out, xml_files(s, out))
         if set(targets) == {"msccl-executor"} and sel.files:

@@ -12,7 +12,8 @@ from ..errors import UserError, about_file
 from ..fileio import check_output_file, load_json
 from ..lowering import AUTO_POLICIES_MAX_TRANSFERS, DEFAULT_MAX_TBS, FUSION_POLICIES, lower, max_tbs_of, write_program
 from ..progress import warn
-from ..targets import add_target_argument, check_custom_target, prepare_for_target, target_of_args
+from ..targets import (add_target_argument, check_custom_target, check_dialect, prepare_for_target,
+                       target_of_args)
 from ..units import SIZE_HELP, parse_size
 
 
@@ -67,17 +68,18 @@ def default_output(algo_path: str) -> Path:
 def run(args) -> int:
     if args.no_fusion and args.fusion not in ("auto", "none"):
         raise UserError(f"--no-fusion and --fusion {args.fusion} contradict each other: give one of them")
-    target = target_of_args(args)
+    check_dialect(args.target, args.dialect)
     out = check_output_file(args.output if args.output is not None else default_output(args.algorithm))
     algo = Algorithm.from_json(load_json(args.algorithm), path=args.algorithm)
-    if "custom" in algo.collective:  # a user-defined collective (`collective_to_json`)
-        check_custom_target(target)
     try:  # on the topology it was synthesized for, `lower` keeps the fastest of its fusion policies
         topology = algo.load_topology()
     except UserError as exc:  # its topology file is gone: fuse as the schedule says
         topology = None
         warn(f"{args.algorithm}: $.topology: {exc}; lowered without it (fusion as the schedule says, "
              f"at most {DEFAULT_MAX_TBS} thread blocks a rank unless --max-tbs)")
+    target = target_of_args(args, topology and topology.spec)
+    if "custom" in algo.collective:  # a user-defined collective (`collective_to_json`)
+        check_custom_target(target)
     ranks = algo.collective.get("num_ranks")
     if topology is not None and topology.num_ranks != ranks:
         raise UserError(f"{topology.nodes} node(s) of {topology.name} make {topology.num_ranks} ranks, but the "

@@ -54,7 +54,8 @@ def register(sub):
 
 
 def run(args) -> int:
-    from ..synthesize import SynthesisOptions, custom_collective_file, default_name, synthesize
+    from ..synthesize import (SynthesisOptions, custom_collective_file, default_name, sketch_topology_spec,
+                              synthesize)
 
     if args.time_limit is not None and not args.time_limit > 0:  # (NaN too)
         raise UserError(f"must be positive, got {args.time_limit}", where="--time-limit")
@@ -68,8 +69,8 @@ def run(args) -> int:
     if args.max_extra_hops is not None and args.max_extra_hops < 0:
         raise UserError("must be 0 (minimal routes only) or more", where="--max-extra-hops")
     report = Reporter(quiet=args.quiet or args.json)
-    target = target_of_args(args)
     sketch = load_sketch(args.sketch)
+    target = target_of_args(args, sketch_topology_spec(sketch, args.topology))
     if args.instances is not None and not 1 <= args.instances <= 32:
         raise UserError("must be between 1 and 32", where="--instances")
     opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops,
