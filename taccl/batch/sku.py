@@ -39,7 +39,7 @@ from ..lowering import max_tbs_of
 from ..phases import highest_part
 from ..sketch import sketch_from_dict
 from ..synthesize import DEFAULT_STALL_S
-from ..targets import DEFAULT_TARGET, ROOTED, default_target
+from ..targets import ROOTED, default_target
 from ..topology import TopologySpec, load_spec
 from ..units import parse_size, parse_size_range
 
