@@ -50,6 +50,8 @@ class Target:
     max_tbs: int | None = None  # thread blocks a rank may have (None: the dialect's)
     sorted_scan: bool = True  # a directory is loaded in name order (else in readdir order: no order to rely on)
     max_files: int | None = None  # files one communicator loads
+    # environment the runtime needs beyond the files' variable: (setting, why), printed with the files
+    env: tuple = ()
 
 
 # the step types that receive and then reduce, copy or send in one step
@@ -63,7 +65,11 @@ LEGACY_SCRATCH_LIMIT = 256 << 30
 
 TARGETS = {t.name: t for t in (
     Target("msccl-executor", "executor"),
-    Target("rccl", "executor", fused_steps=False, max_tbs=64, sorted_scan=False),  # MSCCL_MAX_NUM_THREAD_BLOCKS
+    Target("rccl", "executor", fused_steps=False, max_tbs=64, sorted_scan=False,  # MSCCL_MAX_NUM_THREAD_BLOCKS
+           # RCCL selects MSCCL programs only on machines its topology code enables them for (one MI300X node)
+           # unless forced (src/misc/msccl/msccl_lifecycle.cc, mscclSchedulerSelectAlgo)
+           env=(("RCCL_MSCCL_FORCE_ENABLE=1", "without it RCCL selects MSCCL programs only where it enables "
+                 "them itself (one MI300X node)"),)),
     Target("msccl-legacy", "legacy", max_files=LEGACY_MAX_FILES),
 )}
 DEFAULT_TARGET = "msccl-executor"

@@ -598,6 +598,9 @@ def test_targets_get_their_own_lowering_files_and_limits(tmp_path):
         assert main(["check", "-q", "--target", name, str(where / "msccl-algorithms")]) == 0
     rccl = sorted((out / "rccl" / "msccl-algorithms").glob("*.xml"))
     assert rccl and all(p.name.endswith("+rccl.xml") for p in rccl)
+    # RCCL selects MSCCL programs off one MI300X node only when forced: its report says how
+    assert "RCCL_MSCCL_FORCE_ENABLE=1" in (out / "rccl" / "report.md").read_text()
+    assert "RCCL_MSCCL_FORCE_ENABLE" not in (out / "msccl-executor" / "report.md").read_text()
     for f in rccl:
         program = read_program(str(f))
         assert not {StepType(st.type) for g in program.gpus for tb in g.threadblocks for st in tb.steps} & FUSED_STEPS

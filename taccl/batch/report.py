@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..fileio import atomic_write
+from ..targets import get_target
 from ..units import format_size
 from .selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, TIE_TOLERANCE, Group, Selection
 
@@ -165,7 +166,9 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
                     "calls):", ""]
         else:
             out += [f"- {selection.target}: `MSCCL_ALGO_DIR=<this directory>/msccl-algorithms` (the directory serves "
-                    "every node count: a file applies only to communicators of its `ngpus`).",
+                    "every node count: a file applies only to communicators of its `ngpus`)"
+                    + "".join(f"; also `{setting}`: {why}" for setting, why in get_target(selection.target).env)
+                    + ".",
                     "- taccl's runtime: `MSCCL_XML_FILES`, one list per GPU count:", ""]
         for ranks, files in selection.files.items():
             out.append(f"  - {ranks} GPUs: `{':'.join(files)}`")

@@ -85,6 +85,8 @@ def run(args) -> int:
 
 
 def _print_target(name: str, sel, out, env: dict) -> None:
+    from ..targets import get_target
+
     for g in sel.groups:
         for w in g.windows:
             lo, hi = w.speedup_range
@@ -97,6 +99,8 @@ def _print_target(name: str, sel, out, env: dict) -> None:
     print("tell the runtime:")
     if name != "msccl-legacy":
         print(f"  export MSCCL_ALGO_DIR={out / 'msccl-algorithms'}    # {'RCCL' if name == 'rccl' else 'the MSCCL executor'}")
+    for setting, why in get_target(name).env:
+        print(f"  export {setting}    # {why}")
     for ranks, files in env.items():
         n = files.count(":") + 1
         who = "legacy MSCCL" if name == "msccl-legacy" else "taccl's runtime"
