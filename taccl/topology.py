@@ -178,6 +178,20 @@ class TopologySpec:
     def multi_node(self) -> bool:
         return bool(self.nics) and self.max_nodes != 1
 
+    def calibration_note(self) -> str | None:
+        """What of this topology is uncalibrated, as one sentence for the user, or None when nothing is: its
+        simulated times (and a synthesis's ranking of programs) then leave out the per-call and per-step
+        latencies and the per-block bandwidth, which dominate below about 1 MiB (docs/calibration.md)."""
+        used = {t for _, _, t in self.links} | {t for _, _, t in self.switches} | {t for _, _, t in self.nics}
+        raw = sorted(t for t in used if not self.link_types[t].calibrated)
+        gaps = ([f"link type{'s' if len(raw) > 1 else ''} {', '.join(raw)} without calibrated protocol costs"]
+                if raw else []) + ([] if self.call_us else ["no per-call cost"])
+        if not gaps:
+            return None
+        return (f"topology {self.name} is not calibrated ({'; '.join(gaps)}): its simulated times leave out "
+                f"latencies and per-block limits that real runtimes pay, so below about 1 MiB they can be several "
+                f"times too short (docs/calibration.md)")
+
 
 def _check_gpu(g, n, path, where):
     if not 0 <= g < n:

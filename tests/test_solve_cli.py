@@ -76,6 +76,34 @@ def test_an_output_ending_in_xml_names_the_program_as_lower_and_baseline_take_it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.xml", "new"]  # nothing written on an error
 
 
+def test_a_topology_without_calibration_is_said_to_be_so_wherever_its_times_are_shown(tmp_path, capsys):
+    """mi300x carries raw alpha-beta costs only: solve, simulate and a batch report say its times are not
+    calibrated; a calibrated topology's are shown without a note."""
+    from taccl.batch.report import render
+    from taccl.topology import load_spec
+
+    sketch = tmp_path / "mi.json"
+    sketch.write_text(json.dumps({"name": "mi", "topology": "mi300x", "collective": "allgather",
+                                  "input_size": "64K", "intranode_sketch": {"strategy": "none"}}))
+    assert main(["solve", str(sketch), "--json", "-o", str(tmp_path / "mi.xml")]) == 0
+    note = json.loads(capsys.readouterr().out)["uncalibrated"]
+    assert note.startswith("topology mi300x is not calibrated (link types roce, xgmi without calibrated protocol "
+                           "costs; no per-call cost)")
+    assert main(["simulate", str(tmp_path / "mi.xml"), "--topology", "mi300x", "--sizes", "64K"]) == 0
+    assert f"# note: {note}\n" in capsys.readouterr().out
+    assert load_spec("ndv2").calibration_note() is None and load_spec("dgx-h100").calibration_note() is None
+
+    class Sku:  # what the report reads of a SKU
+        spec, nodes, collectives, solver, time_limit_s, stall_s, path = (
+            load_spec("mi300x"), [1], ["allgather"], "highs", 30.0, 0.0, "mi.yaml")
+
+    from taccl.batch.selection import Selection
+
+    text = render(Selection(sku="mi", topology="mi300x", grid=[1024], groups=[], jobs=[], tool="t",
+                            target="rccl"), Sku, plots=False)
+    assert f"**Caution**: {note}." in text
+
+
 def test_json_on_stdout_is_all_that_a_fresh_process_prints_there(tmp_path):
     # highspy's constructor prints HiGHS's banner on the process's stdout, once per process (so only a
     # fresh process shows it): it preceded the JSON

@@ -113,7 +113,9 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
                f"taccl {selection.tool}." + (f" Batch wall time {wall_s:.0f} s." if wall_s is not None else ""))
     out += ["", f"Made by `taccl batch {sku.path}`; a rerun reuses every cached result and recomputes only what "
             f"changed.", ""]
-    out += ["Times are the calibrated simulator's (docs/calibration.md). "
+    note = sku.spec.calibration_note()
+    out += [("Times are the calibrated simulator's (docs/calibration.md). " if note is None else
+             f"**Caution**: {note}. ") +
             "Speedup is the best baseline's time divided by the selected program's, per grid size in the window.", ""]
     out += ["## At a glance", "", "| collective | nodes | GPUs | synthesized wins | speedup over best baseline | "
             "x optimum | baseline wins | failed jobs | sizes missing the target |", "|---|---|---|---|---|---|---|---|---|"]

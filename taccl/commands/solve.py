@@ -70,7 +70,8 @@ def run(args) -> int:
         raise UserError("must be 0 (minimal routes only) or more", where="--max-extra-hops")
     report = Reporter(quiet=args.quiet or args.json)
     sketch = load_sketch(args.sketch)
-    target = target_of_args(args, sketch_topology_spec(sketch, args.topology))
+    spec = sketch_topology_spec(sketch, args.topology)
+    target = target_of_args(args, spec)
     if args.instances is not None and not 1 <= args.instances <= 32:
         raise UserError("must be between 1 and 32", where="--instances")
     opts = SynthesisOptions(solver=args.solver, threads=args.threads, max_extra_hops=args.max_extra_hops,
@@ -103,6 +104,7 @@ def run(args) -> int:
         write_program(program, xml_path, target=target.name)
         written.append(str(xml_path))
     summary = {"name": name, "time_us": algo.time_us, "simulated_us": simulated_us,
+               "uncalibrated": spec.calibration_note(),
                "lower_bound_us": algo.lower_bound_us, "inplace": bool(program is not None and program.inplace),
                "ratio": algo.time_us / algo.lower_bound_us if algo.lower_bound_us else None,
                "transfers": len(algo.transfers), "stages": algo.stages, "notes": algo.notes, "files": written,
@@ -113,7 +115,7 @@ def run(args) -> int:
     else:
         for f in written:
             report(f"wrote {f}")
-        for n in algo.notes:
+        for n in algo.notes + ([summary["uncalibrated"]] if summary["uncalibrated"] else []):
             report(f"note: {n}")
         report(f"finished in {summary['elapsed_s']:.1f} s, peak memory {summary['peak_memory_mb']:.0f} MiB")
     return 0
