@@ -159,8 +159,9 @@ def test_bad_sets_are_refused_and_the_old_one_serves(sets, tmp_path):
         for _ in range(3):
             assert _call(rt, rng, runtime)[1]
         cases = [
-            (DATA / "ring_allreduce_8.xml", None, "written for 8 ranks, but this communicator has 16"),
-            (sets[1] / "allgather.xml", None, "the new set has no allreduce program"),
+            (DATA / "ring_allreduce_8.xml", None, "holds no program for 16 ranks, this communicator's "
+                                                  r"\(.*ring_allreduce_8.xml is written for 8\)"),
+            (sets[1] / "allgather.xml", None, "the new set has no allreduce program for 16 ranks"),
             (mixed, None, "mixes XML dialects"),
             (sets[1], 1, "epoch 1 has passed: the communicator's next call is number"),
             (tmp_path / "missing.xml", None, "cannot open the file"),
@@ -278,6 +279,36 @@ def test_degraded_nic_loop_end_to_end(tmp_path):
     assert float(r.stdout.split("geometric mean ")[1].split()[0]) <= 1.0
 
 
+def test_a_set_for_several_rank_counts_serves_each_communicator_its_own(sets, tmp_path, capsys):
+    """A batch for several node counts writes programs for several rank counts into one directory, and a file
+    serves only communicators of its rank count (as in MSCCL_ALGO_DIR): a 16-rank communicator takes such a set,
+    and the next one too, and runs its own programs; `taccl swap` publishes one over another."""
+    import shutil
+
+    from taccl import runtime
+    from taccl.cli import main
+
+    def with_eight(k):
+        d = tmp_path / f"both{k}-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(sets[k], d)
+        shutil.copy(DATA / "ring_allreduce_8.xml", d / "allreduce-8r.xml")  # sorted first of the set
+        return d
+
+    rng = random.Random(5)
+    with runtime.Runtime() as rt:
+        rt.swap(with_eight(0))
+        assert _call(rt, rng, runtime)[1]
+        rt.swap(with_eight(1))  # refused before: "written for 8 ranks, but this communicator has 16"
+        for _ in range(4):
+            out, right = _call(rt, rng, runtime)
+            assert right
+        assert out.generation == 2
+    live = tmp_path / "live"
+    assert main(["swap", str(with_eight(0)), "--into", str(live), "-q"]) == 0
+    assert main(["swap", str(with_eight(2)), "--into", str(live), "-q"]) == 0
+    assert "allreduce-8r.xml" in {p.name for p in live.iterdir()}
+
+
 def test_swap_command_publishes_only_a_set_the_watching_jobs_would_take(sets, tmp_path, capsys):
     """`taccl swap NEW --into DIR` checks the new set as a communicator watching DIR would, then replaces
     DIR's files at once; a refused set leaves DIR as it was (exit 2, one message)."""
@@ -290,8 +321,9 @@ def test_swap_command_publishes_only_a_set_the_watching_jobs_would_take(sets, tm
     legacy_dir.mkdir()
     (legacy_dir / "a.xml").write_text((sets[1] / "allreduce.xml").read_text())
     (legacy_dir / "b.xml").write_text(_as_legacy((sets[1] / "allgather.xml").read_text()))
-    for new, needle in ((DATA / "ring_allreduce_8.xml", "written for 8 ranks, but this communicator has 16"),
-                        (sets[1] / "allgather.xml", "the new set has no allreduce program"),
+    for new, needle in ((DATA / "ring_allreduce_8.xml", "holds no program for 16 ranks, the counts the current "
+                                                        "set serves"),
+                        (sets[1] / "allgather.xml", "the new set has no allreduce program for 16 ranks"),
                         (legacy_dir, "mixes XML dialects"),
                         (DATA / "bad_race.xml", "data race")):
         capsys.readouterr()

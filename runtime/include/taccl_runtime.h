@@ -119,8 +119,10 @@ tacclStatus tacclLoadFile(tacclRuntime* h, const char* path);
  * waiting); *applied (may be NULL) gets the epoch. Calls already
  * running, and those before the epoch, finish on the set they started with; no call mixes two sets. On
  * TACCL_ERROR nothing changes and the current set keeps serving: a file fails to load or prove, the set
- * mixes the legacy and executor dialects, a program is for another rank count than the communicator's
- * calls, the set lacks a collective the current set serves, or the epoch has passed or already has a set.
+ * mixes the legacy and executor dialects, no program is for the communicator's rank count (from its calls,
+ * else the counts the current set serves; programs for other counts, as a batch writes for several node
+ * counts, are kept and serve no call of it), the set lacks a collective the current set serves at that
+ * count, or the epoch has passed or already has a set.
  * Safe to call while other threads run collectives on the same handle. */
 tacclStatus tacclSwap(tacclRuntime* h, const char* paths, int64_t epoch, int64_t* applied);
 /* The sequence number the next call will take. */

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <sstream>
 
 namespace taccl {
@@ -157,18 +158,33 @@ int64_t Runtime::swap(const std::vector<std::string>& paths, int64_t epoch) {
   auto before = set_;
   for (auto& [e, s] : pending_)
     if (e < epoch) before = s;
-  int ranks = ranks_;
-  if (!ranks && !before->programs.empty()) ranks = before->programs[0]->ngpus;
-  for (auto& p : loaded)
-    if (ranks && p->ngpus != ranks)
-      throw ProgramError(p->path + ": written for " + std::to_string(p->ngpus) + " ranks, but this communicator has " +
-                         std::to_string(ranks));
+  // A set may hold programs for several rank counts, as a batch's directory for several node counts does: like
+  // MSCCL_ALGO_DIR, a file serves only communicators of its ngpus. The counts that matter are the
+  // communicator's, from its calls, else those the replaced set serves: the new set must hold a program for
+  // one of them, and keep every collective the replaced set serves at those counts.
+  std::set<int> counts;
+  if (ranks_) counts.insert(ranks_);
+  else
+    for (auto& old : before->programs) counts.insert(old->ngpus);
+  if (!counts.empty()) {
+    bool fits = false;
+    for (auto& p : loaded) fits |= counts.count(p->ngpus) > 0;
+    if (!fits) {
+      std::string which;
+      for (int n : counts) which += (which.empty() ? "" : " or ") + std::to_string(n);
+      throw ProgramError("the new set holds no program for " + which + " ranks, " +
+                         (ranks_ ? "this communicator's" : "the counts the current set serves") + " (" +
+                         loaded[0]->path + " is written for " + std::to_string(loaded[0]->ngpus) + ")");
+    }
+  }
   for (auto& old : before->programs) {
+    if (!counts.count(old->ngpus)) continue;
     bool served = false;
-    for (auto& p : loaded) served |= p->coll == old->coll;
+    for (auto& p : loaded) served |= p->coll == old->coll && p->ngpus == old->ngpus;
     if (!served)
-      throw ProgramError(std::string("the new set has no ") + collName(old->coll) + " program, which the current "
-                         "set serves: its calls would silently go back to the default algorithm (include one)");
+      throw ProgramError(std::string("the new set has no ") + collName(old->coll) + " program for " +
+                         std::to_string(old->ngpus) + " ranks, which the current set serves: its calls would "
+                         "silently go back to the default algorithm (include one)");
   }
   auto set = std::make_shared<ProgramSet>();
   set->programs = std::move(loaded);

@@ -2,8 +2,9 @@
 
 A job's communicator that watches DIR (`Runtime.watch`, `tacclWatch`) takes its files at its next call. This
 command checks the new set as that communicator would (the runtime's own loader and analysis: every file
-loads and proves, one dialect, the rank count of the files DIR holds now, every collective DIR serves now)
-before it replaces DIR's files all at once, so a job never sees half a set or one it would refuse.
+loads and proves, one dialect, a program for a rank count the files DIR holds now serve, every collective
+DIR serves now at those counts) before it replaces DIR's files all at once, so a job never sees half a set
+or one it would refuse.
 
 Exit codes: 0 published, 2 refused (nothing changed) or bad input.
 """
