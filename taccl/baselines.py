@@ -9,13 +9,14 @@ ring                   allgather, reducescatter, allreduce     NCCL-style rings 
                                                                of each node's links; on several nodes one
                                                                ring per NIC, each entering and leaving a
                                                                node through its own NICs, on its own
-                                                               channel (as NCCL's rings use every NIC)
+                                                               channel (as NCCL's rings use every NIC);
+                                                               32 rings at most, NCCL's channels
 double-binary-tree     allreduce                               NCCL-style: a chain inside each node, two
                                                                binary trees over the nodes (mirrored), each
                                                                tree reducing then broadcasting its share of
                                                                the data; on several nodes one pair per NIC
                                                                (chains opened at the NIC's GPU), each tree
-                                                               on its own channel
+                                                               on its own channel, 32 trees at most
 direct                 alltoall, allgather, reducescatter,     every rank sends straight to every other (the
                        allreduce                               MSCCL "allpairs" programs): ReduceScatter into
                                                                the owner's scratch and one local reduction,
@@ -41,8 +42,9 @@ from __future__ import annotations
 from .collectives import canonical_name
 from .dsl import DSLProgram
 from .errors import UserError
-from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS
+from .lowering import DEFAULT_MAX_STEPS, MAX_CHANNELS, RuntimeLimitsError
 from .program import MAX_NODES, Program
+from .progress import SILENT
 from .targets import get_target
 
 __all__ = ["BASELINES", "build", "build_protocols", "build_dsl", "build_on_channels", "applicable", "ring_order", "node_cycle"]
@@ -104,7 +106,8 @@ def ring_order(topology) -> list:
 
 
 def ring_orders(topology) -> list:
-    """NCCL-style rings: one per NIC on several nodes, else one.
+    """NCCL-style rings: one per NIC on several nodes, else one (`ring` keeps one per channel at most, as NCCL
+    does: a 72-NIC GB200 NVL72 rack gets 32 rings on 32 channels, not 72).
 
     Ring j opens each node's cycle at a different place, so it enters a node through one GPU's NIC and
     leaves through another's; the rings' entry GPUs use distinct NICs, and so do their exit GPUs, so
@@ -182,8 +185,10 @@ def _channel_sets(flows: int, channels: int) -> list:
     return [tuple(range(f, channels, flows)) for f in range(flows)]
 
 
-def ring(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS) -> DSLProgram:
-    orders = ring_orders(topology)
+def ring(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS, flows: int | None = None) -> DSLProgram:
+    """Rings (`ring_orders`) over `channels`: at most `flows` of them (default 32, NCCL's channel limit: NCCL
+    runs a ring per channel)."""
+    orders = ring_orders(topology)[:max(1, flows or MAX_CHANNELS)]
     R, w = len(orders[0]), chunkup
     K = w * len(orders)
     prog = DSLProgram(coll, R, K, name=f"ring-{coll}")
@@ -263,8 +268,9 @@ def _trees(n: int):
     return t1, t2
 
 
-def double_binary_tree(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS) -> DSLProgram:
-    """NCCL's trees: per NIC rail (one on a single node) a pair of mirrored binary trees over the nodes,
+def double_binary_tree(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS,
+                       flows: int | None = None) -> DSLProgram:
+    """NCCL's trees: per NIC rail (one on a single node; at most `flows` trees, default 32 as NCCL's channels) a pair of mirrored binary trees over the nodes,
     each node a chain opened at that rail's GPU (the first tree's chain enters through the rail's NIC, the
     second's, reversed, through the NIC of the chain's last GPU), every tree on its own channels and
     reducing then broadcasting its share of the chunks, pipelined chunk by chunk."""
@@ -274,7 +280,7 @@ def double_binary_tree(topology, coll: str, chunkup: int = 1, channels: int = MA
     nodes = topology.nodes
     node_trees = _trees(nodes)
     trees = []
-    for j in rail_starts(topology, cyc):
+    for j in rail_starts(topology, cyc)[:max(1, (flows or MAX_CHANNELS) // 2)]:
         opened = cyc[j:] + cyc[:j]
         for parents, chain in zip(node_trees, (opened, opened[::-1])):
             # rank tree: inside a node a chain (chain[0] is the node's head), heads joined by the node tree
@@ -400,6 +406,9 @@ _BUILDERS = {"ring": ring, "double-binary-tree": double_binary_tree, "direct": d
              "one-shot": one_shot, "hierarchical": hierarchical, "two-step": two_step}
 
 
+_CHANNELLED = (ring, double_binary_tree)  # the builders that spread their rings or trees over channels
+
+
 def _known(name: str, collective_name: str) -> str:
     """The collective's canonical name, once the baseline is known to implement it."""
     if name not in BASELINES:
@@ -411,14 +420,15 @@ def _known(name: str, collective_name: str) -> str:
 
 
 def build_dsl(name: str, topology, collective_name: str, *, chunkup: int = 1,
-              channels: int = MAX_CHANNELS) -> DSLProgram:
-    """The traced DSL program of a baseline (not yet lowered), its rings or trees spread over `channels`."""
+              channels: int = MAX_CHANNELS, flows: int | None = None) -> DSLProgram:
+    """The traced DSL program of a baseline (not yet lowered), its rings or trees spread over `channels`, at
+    most `flows` of them (default: a ring or tree per channel, as NCCL)."""
     coll = _known(name, collective_name)
     if chunkup < 1:
         raise UserError(f"chunk-up must be at least 1, got {chunkup}")
     builder = _BUILDERS[name]
-    if builder in (ring, double_binary_tree):
-        prog = builder(topology, coll, chunkup, channels=channels)
+    if builder in _CHANNELLED:
+        prog = builder(topology, coll, chunkup, channels=channels, flows=flows)
     else:
         prog = builder(topology, coll, chunkup)
     for kind, src, dst, _, _ in prog._ops:
@@ -438,14 +448,14 @@ REFERENCE_MAX_NODES = 16 * MAX_NODES
 
 def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instances: int = 1,
           proto: str = "Simple", max_tbs: int = 108, reference: bool = False, max_memory_bytes: int | None = None,
-          max_memory_source: str = "--max-memory", target: str = "msccl-executor") -> Program:
+          max_memory_source: str = "--max-memory", target: str = "msccl-executor", report=SILENT) -> Program:
     """A baseline as a proven Program (see the module docstring) for the runtime `target` (`taccl.targets`);
     ``reference`` lifts the executor's limits of 64 steps per thread block and 4096 XML nodes per rank (see
     `REFERENCE_MAX_STEPS`). One that would need more memory than ``max_memory_bytes`` (None: this machine's)
     is refused before it is traced."""
     program = build_protocols(name, topology, collective_name, [proto], chunkup=chunkup, instances=instances,
                               max_tbs=max_tbs, reference=reference, max_memory_bytes=max_memory_bytes,
-                              max_memory_source=max_memory_source, target=target)[proto]
+                              max_memory_source=max_memory_source, target=target, report=report)[proto]
     if isinstance(program, UserError):
         raise program
     return program
@@ -454,21 +464,37 @@ def build(name: str, topology, collective_name: str, *, chunkup: int = 1, instan
 def build_protocols(name: str, topology, collective_name: str, protocols, *, chunkup: int = 1,
                     instances: int = 1, max_tbs: int = 108, reference: bool = False,
                     max_memory_bytes: int | None = None, max_memory_source: str = "--max-memory",
-                    target: str = "msccl-executor") -> dict:
+                    target: str = "msccl-executor", report=SILENT) -> dict:
     """`build` for each of `protocols`: {protocol: Program, or the UserError its lowering raised}, traced
-    once and lowered once where the protocol changes nothing (`DSLProgram.lower_protocols`)."""
+    once and lowered once where the protocol changes nothing (`DSLProgram.lower_protocols`).
+
+    A ring or tree is spread over NCCL's 32 channels (split among the instances). NCCL loops over its steps;
+    a program stores every one, and a block holds at most 64 steps. So where NCCL's 32 rings exceed the
+    runtime's limits (a 144-rank ring of 143 steps fills one channel twice over), a runnable baseline (not
+    ``reference``) takes the most rings or trees that fit, halving them (each then spills over more of the
+    channels), and says so through `report`."""
     from .budget import check_baseline_memory
 
     check_baseline_memory(name, topology, collective_name, instances, max_memory_bytes, chunkup=chunkup,
                           source=max_memory_source)
     channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own
-    prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels)
     limits = dict(max_steps=REFERENCE_MAX_STEPS, max_nodes=REFERENCE_MAX_NODES) if reference else {}
     runtime = get_target(target)
     if runtime.max_tbs is not None:
         max_tbs = min(max_tbs, runtime.max_tbs)
-    return prog.lower_protocols(protocols, instances=instances, max_tbs=max_tbs, fuse=runtime.fused_steps,
-                                fused_receives=runtime.fused_steps, **limits)
+    flows = MAX_CHANNELS
+    while True:
+        prog = build_dsl(name, topology, collective_name, chunkup=chunkup, channels=channels, flows=flows)
+        out = prog.lower_protocols(protocols, instances=instances, max_tbs=max_tbs, fuse=runtime.fused_steps,
+                                   fused_receives=runtime.fused_steps, **limits)
+        over = all(isinstance(v, RuntimeLimitsError) for v in out.values())
+        if reference or not over or flows == 1 or _BUILDERS[name] not in _CHANNELLED:
+            if flows < MAX_CHANNELS and not over:
+                kind = "rings" if name == "ring" else "trees"
+                report(f"baseline {name!r}: {MAX_CHANNELS} {kind} (NCCL's most) exceed {runtime.name}'s limits on "
+                       f"{topology.num_ranks} ranks; built with {flows} {kind} at most, the most that fit")
+            return out
+        flows //= 2
 
 
 def build_on_channels(name: str, topology, collective_name: str, channels: int, *, proto: str = "Simple",
@@ -477,9 +503,9 @@ def build_on_channels(name: str, topology, collective_name: str, channels: int, 
     channel): as many instances as its rings or trees fit, each instance's on its share of the channels
     (with fewer channels than rings or trees, they share them)."""
     if name == "ring":
-        flows = len(ring_orders(topology))
+        flows = min(len(ring_orders(topology)), MAX_CHANNELS)
     elif name == "double-binary-tree":
-        flows = 2 * len(rail_starts(topology, node_cycle(topology)))
+        flows = 2 * min(len(rail_starts(topology, node_cycle(topology))), MAX_CHANNELS // 2)
     else:
         raise UserError(f"baseline {name!r} has no rings or trees to put one per channel")
     instances = max(1, channels // flows)
@@ -503,7 +529,7 @@ def operations(name: str, topology, collective_name: str, *, chunks: bool = Fals
         return R * R + (N - 1) * N * G * (G if chunks else 1)
     if name == "ring":
         per_ring = {"allgather": pairs + R, "reducescatter": pairs, "allreduce": 2 * pairs}[coll]
-        return len(rail_starts(topology, node_cycle(topology))) * per_ring
+        return min(len(rail_starts(topology, node_cycle(topology))), MAX_CHANNELS) * per_ring
     if name == "direct":
         # sends to every peer; ReduceScatter adds the owner's copy home and R - 1 reductions, AllReduce
         # then sends the sum to every peer

@@ -31,6 +31,11 @@ class UserError(TacclError):
         super().__init__(prefix + message)
 
 
+class RuntimeLimitsError(UserError):
+    """No lowering fits the runtime's limits (channels, thread blocks, steps per block, XML nodes per rank):
+    fewer operations per rank (fewer rings or channels, say) may fit."""
+
+
 @contextmanager
 def about_file(path):
     """A `UserError` raised inside that names no file is raised again naming `path` (the input it is about)."""

@@ -1,6 +1,8 @@
 """Every baseline passes the checker on several topologies and rank counts, and simulates."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from taccl.baselines import (BASELINES, REFERENCE_MAX_NODES, REFERENCE_MAX_STEPS, applicable, build, build_dsl,
@@ -114,3 +116,29 @@ def test_baseline_cli(tmp_path, capsys):
     assert main(["baseline", "direct", "-t", "ndv2", "-o", str(tmp_path / "x.xml")]) == 2
     assert not (tmp_path / "x.xml").exists()
     assert main(["baseline", "ring", "-t", "ndv2", "-c", "alltoall", "-o", str(tmp_path / "y.xml")]) == 2
+
+
+def _one_nic_per_gpu(tmp_path, gpus: int):
+    """A node of `gpus` GPUs on one switch, a NIC each (a GB200 NVL72 rack, smaller)."""
+    doc = {"name": f"switch{gpus}", "gpus_per_node": gpus,
+           "link_types": {"nvswitch": {"alpha_us": 0.7, "bw_GBps": 450.0}, "ib": {"alpha_us": 3.0, "bw_GBps": 50.0}},
+           "switches": [{"name": "sw", "gpus": list(range(gpus)), "type": "nvswitch"}],
+           "nics": [{"name": f"nic{g}", "gpus": [g], "type": "ib"} for g in range(gpus)]}
+    path = tmp_path / f"switch{gpus}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_rings_past_the_runtimes_limits_are_fewer_and_the_user_is_told(tmp_path, capsys):
+    # 2 nodes of 33 GPUs, a NIC each: 33 rails, so NCCL runs a ring per channel, 32. Each ring has 65 steps a
+    # block, over the executor's 64 on a channel of its own: 16 rings, two channels each, fit
+    topo = _one_nic_per_gpu(tmp_path, 33)
+    out = tmp_path / "ring.xml"
+    assert main(["baseline", "ring", "-t", str(topo), "-n", "2", "-c", "allgather", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "32 rings (NCCL's most) exceed msccl-executor's limits on 66 ranks; built with 16 rings at most" in err
+    p = read_program(out)
+    assert p.nchannels == 32 and p.max_steps <= DEFAULT_MAX_STEPS and check_program(p).ok
+    # the reference (NCCL itself, no step limit) keeps a ring per channel: 32 rings, not one per NIC (33)
+    t = load_topology(str(topo), 2)
+    assert operations("ring", t, "allgather") == build_dsl("ring", t, "allgather").operations == 32 * 66 * 66

@@ -30,7 +30,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from ..errors import CheckFailed, UserError
+from ..errors import CheckFailed, RuntimeLimitsError, UserError
 from ..program import MAX_NODES, Buf, Program, Proto
 from ..progress import SILENT
 from ..targets import get_target
@@ -42,7 +42,7 @@ from .ops import COPY, REDUCE, ChunkOp
 from .schedule import ChannelsFull, OrderFailed, allocate
 
 __all__ = ["lower", "lower_ops", "lower_ops_protocols", "write_program", "LoweringOptions", "LoweringMemo", "ChunkOp",
-           "verify_program", "serve_inplace", "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of"]
+           "verify_program", "serve_inplace", "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of", "RuntimeLimitsError"]
 
 MAX_CHANNELS = 32
 DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
@@ -611,7 +611,7 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
     # allow cannot be lowered at all (checked before building: on 1024 ranks a build takes minutes)
     rank, peers = _most_peers(ops)
     if peers * N > opts.max_tbs:
-        raise UserError(f"cannot lower {name!r} within the runtime's limits: rank {rank} has {peers} peers on one "
+        raise RuntimeLimitsError(f"cannot lower {name!r} within the runtime's limits: rank {rank} has {peers} peers on one "
                         f"side (send or receive), a thread block each per instance: {peers * N} thread blocks > "
                         f"{opts.max_tbs} (--max-tbs, the SMs that must hold every block at once)")
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
@@ -691,7 +691,7 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
         raise full
     if not last_problems and opts.network_fan_out:
         raise UserError(f"lowering {name!r}: no fan-out leaves a node, nothing for network_fan_out to fuse")
-    raise UserError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
+    raise RuntimeLimitsError(f"cannot lower {name!r} within the runtime's limits: {'; '.join(last_problems)}")
 
 
 def _skip_caps(attempts: list, k: int, mode, *, above: int = 0) -> int:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 
-from ..errors import UserError
+from ..errors import RuntimeLimitsError, UserError
 from ..program import StepType
 from .ops import Instr
 
@@ -492,7 +492,7 @@ def _land_before(steps: list, could_start: float) -> bool:
     return all(i.span is not None and i.span[1] <= could_start for i in steps)
 
 
-class ChannelsFull(UserError):
+class ChannelsFull(RuntimeLimitsError):
     """A transfer fits on no channel under this step cap (a smaller cap only fills them sooner)."""
 
 
