@@ -642,3 +642,39 @@ def test_rooted_collectives_are_refused_in_a_sku(tmp_path):
                                              "collectives: [allgather, broadcast]"))
     with pytest.raises(UserError, match="broadcast: no MSCCL runtime reads root"):
         load_sku(path)
+
+
+def test_a_baseline_no_runtime_runs_is_part_of_the_bar_but_wins_no_sizes():
+    # 72 GPUs on one switch (GB200 NVL72), AllReduce: the direct baseline, lowered as NCCL's own algorithms are
+    # (past the executor's 64 steps a block), was the fastest at every size and its windows were "left to
+    # NCCL", whose own algorithm is not direct and took 5-10x longer. Only what a runtime runs may win a size:
+    # NCCL's own algorithms (ring, trees), synthesized programs, baseline files the target loads
+    from taccl.batch.jobs import ProgramJob
+    from taccl.batch.selection import Group, _undeliverable, _windows
+    from taccl.targets import get_target
+
+    store = {"direct": {"max_steps": 142, "max_nodes": 300}, "direct-small": {"max_steps": 40, "max_nodes": 300}}
+
+    def job(name, key=None):
+        return ProgramJob(key=key or name, sim_key="", label=name, kind="baseline", source=name, proto="LL",
+                          instances=1)
+
+    executor, rccl = get_target("msccl-executor"), get_target("rccl")
+    why = _undeliverable(job("direct"), store, executor, True)
+    assert "142 steps in a thread block > 64 (MSCCL_MAX_NUM_STEPS)" in why and "NCCL does not run direct" in why
+    assert _undeliverable(job("direct", "direct-small"), store, executor, True) == ""
+    assert "not NCCL's algorithm" in _undeliverable(job("direct", "direct-small"), store, executor, False)
+    assert "rccl runs no baseline file" in _undeliverable(job("one-shot", "direct-small"), store, rccl, True)
+    assert _undeliverable(job("ring", "direct"), store, rccl, False) == ""  # NCCL's own: the runtime runs it
+
+    direct = _c("direct/LL", [10.0, 60.0], kind="baseline")
+    direct.undeliverable = why
+    ring = _c("ring/LL", [100.0, 300.0], kind="baseline")
+    syn = _c("sk/Simple", [140.0, 200.0])
+    g = Group(collective="allreduce", nodes=1, ranks=72, sizes=[1 << 16, 1 << 24], lower_bound_us=[None, None],
+              contenders=[direct, ring, syn], optimum_us=[5.0, 40.0])
+    windows = _windows(g)
+    assert [(w.winner, w.sizes) for w in windows] == [("ring/LL", [1 << 16]), ("sk/Simple", [1 << 24])]
+    assert all(w.best_baseline == ["direct/LL"] for w in windows)  # still the bar
+    assert windows[1].speedup == [60.0 / 200.0]
+    assert all(f"faster, not run: direct/LL ({why})" in w.note for w in windows)

@@ -413,6 +413,7 @@ def _lower(task: Task, prog: ProgramJob, algo_record, topo, built: dict) -> tupl
     return {"key": prog.key, "kind": "program", "status": "ok", "label": prog.label,
             "time_s": round(time.monotonic() - t0, 3), "nchannels": program.nchannels,
             "threadblocks": program.max_threadblocks, "steps": program.nsteps,
+            "max_steps": program.max_steps, "max_nodes": program.max_nodes,
             "xml": program_to_xml(program)}, program
 
 

@@ -20,7 +20,8 @@ sees a mix of two runs.
 Per target (`taccl.targets`): the synthesized programs compete as lowered for it (RCCL: no fused steps),
 against the baselines as the runtime's own algorithms run them (fused, whatever the target), and the files
 are written as it reads them. Only the executor gets files for the windows a baseline wins (elsewhere the
-runtime's own algorithm serves them). Legacy MSCCL gets out-of-place programs only, windows that end where
+runtime's own algorithm serves them), and only NCCL's own algorithms may win sizes they cannot be written for
+(`NCCL_ALGORITHMS`): every baseline is part of the bar, but one no runtime runs wins nothing. Legacy MSCCL gets out-of-place programs only, windows that end where
 its scratch can be allocated and at most 4 files per GPU count: windows are merged with a growing tolerance
 until they fit, then the 4 that gain most kept.
 """
@@ -61,6 +62,9 @@ class Contender:
     # per grid size: whether the runtimes select the program there (`taccl.targets.selected_near`); empty: at
     # every size (a baseline stands for the runtime's own algorithm, which has no such condition)
     runs: list = field(default_factory=list)
+    # why no runtime would run it (a baseline that is not NCCL's own algorithm and cannot be written as a
+    # file the target loads); "": it may win sizes. Either way it is part of the bar the programs are held to
+    undeliverable: str = ""
 
     def time_at(self, i: int) -> float:
         """The program's time at grid size i; infinite where the runtimes would not select it."""
@@ -211,6 +215,8 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: s
         for prog in task.programs:
             if prog.target == lowering or prog.kind == "baseline":
                 g.contenders.append(_contender(prog, store, g))
+                if prog.kind == "baseline":
+                    g.contenders[-1].undeliverable = _undeliverable(prog, store, runtime, sku.emit_baselines)
     for (coll, nodes), progs in (deployed or {}).items():
         if (coll, nodes) in groups:
             g = groups[(coll, nodes)]
@@ -225,6 +231,39 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: s
             _fit_file_limit([g for g in ordered if g.ranks == ranks], runtime, sku.merge_tolerance)
     return Selection(sku=sku.name, topology=sku.spec.name, grid=list(sku.grid), groups=ordered, jobs=jobs,
                      tool=tool_version(), target=runtime.name)
+
+
+# The baselines that stand for NCCL's (and RCCL's) own algorithms: a size one of them wins may be left to the
+# runtime. The others (direct, one-shot, hierarchical, two-step) are MSCCL programs, which run only as files.
+NCCL_ALGORITHMS = frozenset({"ring", "double-binary-tree"})
+
+
+def _undeliverable(prog, store, runtime, emit_baselines: bool) -> str:
+    """Why no runtime would run baseline `prog` ("": one does). Sizes it wins would otherwise be left to
+    NCCL's own algorithm, slower than the time the selection showed for them."""
+    from ..lowering import DEFAULT_MAX_STEPS
+    from .. import program as program_limits
+
+    if prog.source in NCCL_ALGORITHMS:
+        return ""
+    if runtime.name != DEFAULT_TARGET:
+        return f"{runtime.name} runs no baseline file, and {prog.source} is not its own algorithm"
+    if not emit_baselines:
+        return f"baselines are left to NCCL (emit: nccl), and {prog.source} is not NCCL's algorithm"
+    record = store.get(prog.key) or {}
+    if "max_steps" not in record and "xml" in record:  # (a record from before the fields)
+        from ..xmlio import parse_xml
+
+        parsed = parse_xml(record["xml"]).program
+        record = {**record, "max_steps": parsed.max_steps, "max_nodes": parsed.max_nodes}
+    over = []
+    if record.get("max_steps", 0) > DEFAULT_MAX_STEPS:
+        over.append(f"{record['max_steps']} steps in a thread block > {DEFAULT_MAX_STEPS} (MSCCL_MAX_NUM_STEPS)")
+    if record.get("max_nodes", 0) > program_limits.MAX_NODES:
+        over.append(f"{record['max_nodes']} XML nodes a rank > {program_limits.MAX_NODES} (MAX_NODES)")
+    if over:
+        return f"as a file it exceeds the executor's limits ({'; '.join(over)}), and NCCL does not run {prog.source}"
+    return ""
 
 
 def _emits(w: Window, runtime) -> bool:
@@ -329,7 +368,8 @@ def _windows(g: Group, tolerance: float = 0.0) -> list:
     # baselines first, a previous run's deployed programs last, then by label: ties go to the baseline, a
     # fresh program beats a deployed one it ties with, and the order never depends on the run
     ok.sort(key=lambda c: (c.kind != "baseline", c.source == "deployed", c.label))
-    winners = _picks(ok, len(g.sizes), tolerance)
+    # only what a runtime runs may win sizes; every baseline is part of the bar (`best_base`)
+    winners = _picks([c for c in ok if not c.undeliverable], len(g.sizes), tolerance)
     best_base = [min((c for c in ok if c.kind == "baseline"), key=lambda c: c.time_at(i), default=None)
                  for i in range(len(g.sizes))]
     failed = [label for label, _ in g.failed_jobs]
@@ -346,6 +386,11 @@ def _windows(g: Group, tolerance: float = 0.0) -> list:
             note = "no program: the runtime's own algorithm serves these sizes"
         elif win.kind == "baseline" and failed:
             note = f"baseline: synthesis failed for {', '.join(failed)}"
+        faster = sorted({best_base[k].label for k in idx if best_base[k] and best_base[k].undeliverable and
+                         (win is None or best_base[k].time_us[k] < win.time_us[k])})
+        if faster:
+            why = next(c.undeliverable for c in ok if c.label == faster[0])
+            note = (note + "; " if note else "") + f"faster, not run: {', '.join(faster)} ({why})"
         windows.append(Window(
             collective=g.collective, nodes=g.nodes, ranks=g.ranks, index=len(windows), min_bytes=lo, max_bytes=hi,
             sizes=[g.sizes[k] for k in idx], winner=_label(win), kind=win.kind if win else "none",
