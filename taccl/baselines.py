@@ -185,7 +185,8 @@ def _channel_sets(flows: int, channels: int) -> list:
     return [tuple(range(f, channels, flows)) for f in range(flows)]
 
 
-def ring(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS, flows: int | None = None) -> DSLProgram:
+def ring(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS,
+         flows: int | None = None) -> DSLProgram:
     """Rings (`ring_orders`) over `channels`: at most `flows` of them (default 32, NCCL's channel limit: NCCL
     runs a ring per channel)."""
     orders = ring_orders(topology)[:max(1, flows or MAX_CHANNELS)]
@@ -270,10 +271,11 @@ def _trees(n: int):
 
 def double_binary_tree(topology, coll: str, chunkup: int = 1, channels: int = MAX_CHANNELS,
                        flows: int | None = None) -> DSLProgram:
-    """NCCL's trees: per NIC rail (one on a single node; at most `flows` trees, default 32 as NCCL's channels) a pair of mirrored binary trees over the nodes,
-    each node a chain opened at that rail's GPU (the first tree's chain enters through the rail's NIC, the
-    second's, reversed, through the NIC of the chain's last GPU), every tree on its own channels and
-    reducing then broadcasting its share of the chunks, pipelined chunk by chunk."""
+    """NCCL's trees: per NIC rail (one on a single node; at most `flows` trees, default 32 as NCCL's
+    channels) a pair of mirrored binary trees over the nodes, each node a chain opened at that rail's GPU
+    (the first tree's chain enters through the rail's NIC, the second's, reversed, through the NIC of the
+    chain's last GPU), every tree on its own channels and reducing then broadcasting its share of the
+    chunks, pipelined chunk by chunk."""
     R = topology.num_ranks
     prog = DSLProgram(coll, R, chunkup, name="double-binary-tree-allreduce")
     cyc = node_cycle(topology)
@@ -491,8 +493,8 @@ def build_protocols(name: str, topology, collective_name: str, protocols, *, chu
         if reference or not over or flows == 1 or _BUILDERS[name] not in _CHANNELLED:
             if flows < MAX_CHANNELS and not over:
                 kind = "rings" if name == "ring" else "trees"
-                report(f"baseline {name!r}: {MAX_CHANNELS} {kind} (NCCL's most) exceed {runtime.name}'s limits on "
-                       f"{topology.num_ranks} ranks; built with {flows} {kind} at most, the most that fit")
+                report(f"baseline {name!r}: {MAX_CHANNELS} {kind} (NCCL's most) exceed {runtime.name}'s limits "
+                       f"on {topology.num_ranks} ranks; built with {flows} {kind} at most, the most that fit")
             return out
         flows //= 2
 

@@ -21,9 +21,9 @@ Per target (`taccl.targets`): the synthesized programs compete as lowered for it
 against the baselines as the runtime's own algorithms run them (fused, whatever the target), and the files
 are written as it reads them. Only the executor gets files for the windows a baseline wins (elsewhere the
 runtime's own algorithm serves them), and only NCCL's own algorithms may win sizes they cannot be written for
-(`NCCL_ALGORITHMS`): every baseline is part of the bar, but one no runtime runs wins nothing. Legacy MSCCL gets out-of-place programs only, windows that end where
-its scratch can be allocated and at most 4 files per GPU count: windows are merged with a growing tolerance
-until they fit, then the 4 that gain most kept.
+(`NCCL_ALGORITHMS`): every baseline is part of the bar, but one no runtime runs wins nothing. Legacy MSCCL
+gets out-of-place programs only, windows that end where its scratch can be allocated and at most 4 files per
+GPU count: windows are merged with a growing tolerance until they fit, then the 4 that gain most kept.
 """
 from __future__ import annotations
 

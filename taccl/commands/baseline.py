@@ -35,7 +35,8 @@ def run(args) -> int:
     target = target_of_args(args, topo.spec)
     coll = args.collective or BASELINES[args.name][0]
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
-                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec), target=target.name, report=warn)
+                    max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec), target=target.name,
+                    report=warn)
     prepare_for_target(program, target, report=warn)
     write_program(program, args.output, target=target.name)
     if not args.quiet:

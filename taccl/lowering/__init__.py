@@ -42,7 +42,8 @@ from .ops import COPY, REDUCE, ChunkOp
 from .schedule import ChannelsFull, OrderFailed, allocate
 
 __all__ = ["lower", "lower_ops", "lower_ops_protocols", "write_program", "LoweringOptions", "LoweringMemo", "ChunkOp",
-           "verify_program", "serve_inplace", "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of", "RuntimeLimitsError"]
+           "verify_program", "serve_inplace", "DEFAULT_MAX_TBS", "FUSION_POLICIES", "max_tbs_of",
+           "RuntimeLimitsError"]
 
 MAX_CHANNELS = 32
 DEFAULT_MAX_TBS = 108  # SMs of an A100: every thread block must be co-resident
@@ -611,9 +612,10 @@ def _lower_ops(ops: list, coll, name: str, opts: LoweringOptions, failed_proofs:
     # allow cannot be lowered at all (checked before building: on 1024 ranks a build takes minutes)
     rank, peers = _most_peers(ops)
     if peers * N > opts.max_tbs:
-        raise RuntimeLimitsError(f"cannot lower {name!r} within the runtime's limits: rank {rank} has {peers} peers on one "
-                        f"side (send or receive), a thread block each per instance: {peers * N} thread blocks > "
-                        f"{opts.max_tbs} (--max-tbs, the SMs that must hold every block at once)")
+        raise RuntimeLimitsError(f"cannot lower {name!r} within the runtime's limits: rank {rank} has {peers} peers "
+                                 f"on one side (send or receive), a thread block each per instance: {peers * N} "
+                                 f"thread blocks > {opts.max_tbs} (--max-tbs, the SMs that must hold every block "
+                                 f"at once)")
     # fusion modes, best first: natural (time order, relies on FIFO buffering), safe (deadlock-free even
     # unbuffered), none; each with a decreasing cap on steps per thread block (nops may exceed it)
     modes = ["natural", "safe", None] if opts.fuse and opts.fused_receives else [None]
