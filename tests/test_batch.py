@@ -214,7 +214,15 @@ def test_kill_and_resume_loses_nothing(small, tmp_path):
     resumed = run_batch(SMALL, out, workers=2)
     assert all(cache_files(out)[p] == m for p, m in done.items())  # nothing finished was recomputed
     assert resumed.cached + resumed.computed == len(plan(load_sku(SMALL)))
-    assert rows(out) == rows(ref)
+    # the same problems and programs as a run never killed; their times are not compared: a synthesis is not
+    # reproducible across processes (the routing's earliest-arrival solve stops at a work limit counted in CPU
+    # time, so a loaded machine may stop it elsewhere), which once made a resumed table differ from a fresh one
+    labels = [{(c["label"], c["status"]) for g in json.loads((d / "selection.json").read_text())["groups"]
+               for c in g["contenders"]} for d in (out, ref)]
+    assert labels[0] == labels[1]
+    # and the resumed cache is whole: a rerun computes nothing and writes the same table
+    table = rows(out)
+    assert run_batch(SMALL, out, workers=2).computed == 0 and rows(out) == table
     assert not list(out.rglob("*.tmp"))
 
 
