@@ -655,7 +655,7 @@ def test_rooted_collectives_are_refused_in_a_sku(tmp_path):
 def test_a_baseline_no_runtime_runs_is_part_of_the_bar_but_wins_no_sizes():
     # 72 GPUs on one switch (GB200 NVL72), AllReduce: the direct baseline, lowered as NCCL's own algorithms are
     # (past the executor's 64 steps a block), was the fastest at every size and its windows were "left to
-    # NCCL", whose own algorithm is not direct and took 5-10x longer. Only what a runtime runs may win a size:
+    # NCCL", whose own algorithm is not direct and took 5-11x longer. Only what a runtime runs may win a size:
     # NCCL's own algorithms (ring, trees), synthesized programs, baseline files the target loads
     from taccl.batch.jobs import ProgramJob
     from taccl.batch.selection import Group, _undeliverable, _windows
