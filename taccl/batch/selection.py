@@ -242,7 +242,7 @@ def _undeliverable(prog, store, runtime, emit_baselines: bool) -> str:
     """Why no runtime would run baseline `prog` ("": one does). Sizes it wins would otherwise be left to
     NCCL's own algorithm, slower than the time the selection showed for them."""
     from ..lowering import DEFAULT_MAX_STEPS
-    from .. import program as program_limits
+    from ..program import MAX_NODES
 
     if prog.source in NCCL_ALGORITHMS:
         return ""
@@ -250,17 +250,12 @@ def _undeliverable(prog, store, runtime, emit_baselines: bool) -> str:
         return f"{runtime.name} runs no baseline file, and {prog.source} is not its own algorithm"
     if not emit_baselines:
         return f"baselines are left to NCCL (emit: nccl), and {prog.source} is not NCCL's algorithm"
-    record = store.get(prog.key) or {}
-    if "max_steps" not in record and "xml" in record:  # (a record from before the fields)
-        from ..xmlio import parse_xml
-
-        parsed = parse_xml(record["xml"]).program
-        record = {**record, "max_steps": parsed.max_steps, "max_nodes": parsed.max_nodes}
+    record = store.get(prog.key) or {}  # (a record's key holds the tool's version: it has these fields)
     over = []
     if record.get("max_steps", 0) > DEFAULT_MAX_STEPS:
         over.append(f"{record['max_steps']} steps in a thread block > {DEFAULT_MAX_STEPS} (MSCCL_MAX_NUM_STEPS)")
-    if record.get("max_nodes", 0) > program_limits.MAX_NODES:
-        over.append(f"{record['max_nodes']} XML nodes a rank > {program_limits.MAX_NODES} (MAX_NODES)")
+    if record.get("max_nodes", 0) > MAX_NODES:
+        over.append(f"{record['max_nodes']} XML nodes a rank > {MAX_NODES} (MAX_NODES)")
     if over:
         return f"as a file it exceeds the executor's limits ({'; '.join(over)}), and NCCL does not run {prog.source}"
     return ""

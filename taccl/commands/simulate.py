@@ -77,15 +77,16 @@ def run(args) -> int:
         except UserError:
             pass
         rows.append((r, lb))
+    uncalibrated = topo.spec.calibration_note()
     if args.json:
         print(json.dumps({"file": args.file, "topology": topo.name, "nodes": topo.nodes, "collective": coll,
-                          "proto": str(program.proto), "uncalibrated": topo.spec.calibration_note(),
+                          "proto": str(program.proto), "uncalibrated": uncalibrated,
                           "results": [dict(r.to_dict(), lower_bound_us=lb) for r, lb in rows]}, indent=1))
         return 0
     print(f"# {args.file}: {coll} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), proto {program.proto}, "
           f"tiling {'off' if args.no_tiling else 'on'}")
-    if topo.spec.calibration_note():
-        print(f"# note: {topo.spec.calibration_note()}")
+    if uncalibrated:
+        print(f"# note: {uncalibrated}")
     print(f"{'size':>12} {'time':>12} {'algbw':>9} {'busbw':>9} {'bound':>12} {'x bound':>8} {'tiles':>6}")
     print(f"{'(B)':>12} {'(us)':>12} {'(GB/s)':>9} {'(GB/s)':>9} {'(us)':>12} {'':>8} {'':>6}")
     for r, lb in rows:
