@@ -71,8 +71,9 @@ def run(args) -> int:
     if not args.quiet:
         print(f"{len(sel.jobs)} jobs: {result.computed} run, {result.cached} from the cache, {result.failed} failed; "
               f"{result.wall_s:.0f} s")
-        if result.sku.spec.calibration_note():
-            print(f"note: {result.sku.spec.calibration_note()}")
+        uncalibrated = result.sku.spec.calibration_note()
+        if uncalibrated:
+            print(f"note: {uncalibrated}")
         for name, (s, out) in targets.items():
             if len(targets) > 1 or name != default_target(result.sku.spec):
                 print(f"{name} ({out}):")
