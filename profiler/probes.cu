@@ -630,7 +630,8 @@ int main(int argc, char** argv) {
     }
     gpus += std::string(d ? "," : "") + "{\"index\":" + std::to_string(d) + ",\"name\":" + jstr(p.name) +
             ",\"pci_bus_id\":" + jstr(bus) + ",\"uuid\":" + jstr(uuid) + ",\"numa_node\":" +
-            std::to_string(pci_numa_node(bus)) + ",\"sm\":" + std::to_string(p.major * 10 + p.minor) + "}";
+            std::to_string(pci_numa_node(bus)) + ",\"sm\":" + std::to_string(p.major * 10 + p.minor) +
+            ",\"sms\":" + std::to_string(p.multiProcessorCount) + "}";
     for (int q = 0; q < n; ++q) {
       int can = 0;
       if (q != d) cudaDeviceCanAccessPeer(&can, d, q);

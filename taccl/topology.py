@@ -188,9 +188,14 @@ class TopologySpec:
                 if raw else []) + ([] if self.call_us else ["no per-call cost"])
         if not gaps:
             return None
+        fix = ""
+        samples = (self.raw.get("measurements") or {}).get("samples_file") if self.vendor == "nvidia" else None
+        if samples:  # written by `taccl profile` before it derived costs, or without the GPU's compute capability
+            fix = (f"; `taccl profile --analyze {samples} --compute-capability X.Y` writes it again with costs "
+                   f"derived for that GPU generation")
         return (f"topology {self.name} is not calibrated ({'; '.join(gaps)}): its simulated times leave out "
                 f"latencies and per-block limits that real runtimes pay, so below about 1 MiB they can be several "
-                f"times too short (docs/calibration.md)")
+                f"times too short (docs/calibration.md){fix}")
 
 
 def _check_gpu(g, n, path, where):

@@ -10,7 +10,7 @@ from taccl.profiler.analyze import analyze
 from taccl.profiler.samples import check_samples, empty_samples
 from taccl.profiler.synth import generate
 from taccl.profiler.writer import facts_from_analysis, to_topology
-from taccl.topology import DGX1_DOUBLE, DGX1_SINGLE, Topology, load_spec
+from taccl.topology import DGX1_DOUBLE, DGX1_SINGLE, Topology, load_spec, spec_from_dict
 
 
 def run(doc, **kw):
@@ -197,3 +197,47 @@ def test_bad_samples_file(mutate, msg):
 def load_spec_from(topo):
     from taccl.topology import spec_from_dict
     return spec_from_dict(json.loads(json.dumps(topo)))
+
+
+@pytest.mark.parametrize("name,builtin", [("ndv2", "ndv2"), ("h100", "dgx-h100")])
+def test_a_profiled_node_gets_calibrated_costs_for_its_gpu_generation(name, builtin):
+    """The probe records each GPU's compute capability; the topology gets the costs derived for that
+    generation (taccl/costs.py), so a ring on the profiled node is graded like one on the built-in file of the
+    same machine, where it was several times too fast below 1 MiB without them."""
+    from taccl.baselines import build
+    from taccl.costs import Derivation, generation
+    from taccl.simulator import simulate
+
+    doc, _ = generate(name, seed=5)
+    _, topo, _ = run(doc)
+    spec = spec_from_dict(topo)
+    assert spec.calibration_note() is None
+    gen = generation(doc["gpus"][0]["sm"])
+    assert topo["measurements"]["calibration"]["generation"] == gen
+    assert topo["runtime"] == Derivation().runtime(gen, doc["gpus"][0]["sms"])
+    for t in topo["link_types"].values():
+        if t.get("fit", {}).get("engine"):  # a measured GPU link: Simple and LL128 scale with its bandwidth
+            assert t["protocols"]["Simple"] == Derivation().nvlink(t["bw_GBps"], gen)["Simple"]
+    for size in (1 << 10, 1 << 20, 64 << 20):
+        times = []
+        for s in (spec, load_spec(builtin)):  # the built-in file: nominal bandwidths, the same derivation
+            t = Topology(s, 2)
+            times.append(simulate(build("ring", t, "allgather"), t, size).time_us)
+        assert within(times[0], times[1], 0.10), (size, times)
+
+
+def test_without_the_compute_capability_the_gap_is_said():
+    doc, _ = generate("h100", seed=5)
+    for g in doc["gpus"]:
+        del g["sm"]
+    _, topo, _ = run(doc)
+    assert spec_from_dict(topo).calibration_note() is not None and "runtime" not in topo
+    (gap,) = [u for u in topo["measurements"]["unmeasured"] if u["what"] == "calibrated costs"]
+    assert "--compute-capability" in gap["reason"]
+
+
+def test_nccl_generations():
+    from taccl.costs import generation
+
+    assert [generation(cc) for cc in (60, 70, 75, 80, 86, 89, 90, 100, 120)] == \
+        ["volta", "volta", "volta", "ampere", "ampere", "ampere", "hopper", "blackwell", "blackwell"]

@@ -45,6 +45,33 @@ def test_offline_sources(tmp_path):
     assert load_spec(str(out)).links
 
 
+def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, capsys):
+    # these samples predate the probe's "sm" field: the topology is uncalibrated and says how to fix it
+    out = tmp_path / "t.json"
+    assert main(["profile", "--analyze", str(DATA / "samples-ndv2-quick.json"), "--out", str(out)]) == 0
+    assert "not measured: calibrated costs" in capsys.readouterr().out
+    note = load_spec(str(out)).calibration_note()
+    assert "--compute-capability X.Y" in note and "samples-ndv2-quick.json" in note
+    assert main(["profile", "--analyze", str(DATA / "samples-ndv2-quick.json"), "--out", str(out),
+                 "--compute-capability", "7.0"]) == 0
+    assert "derived from the DGX H100 fit for Volta GPUs" in capsys.readouterr().out
+    spec = load_spec(str(out))
+    assert spec.calibration_note() is None and spec.sm_count == 80
+    # NCCL's topology dump says it (sm="80"); nvidia-smi's does not, the option does
+    assert main(["profile", "--from-nccl-xml", str(DATA / "nccl" / "dgx-a100-dump.xml"), "--offline", "--out",
+                 str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"]["generation"] == "ampere"
+    assert main(["profile", "--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline",
+                 "--out", str(out), "--compute-capability", "90", "-q"]) == 0
+    assert json.loads(out.read_text())["measurements"]["calibration"]["generation"] == "hopper"
+    for bad in ("9.05", "abc", "2", "9."):
+        with pytest.raises(SystemExit) as exc:
+            main(["profile", "--analyze", str(DATA / "samples-ndv2-quick.json"), "--out", str(tmp_path / "x.json"),
+                  "--compute-capability", bad])
+        assert exc.value.code == 2 and "expected a compute capability such as 9.0" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--analyze", "missing.json"], "file not found"),
     (["--offline"], "--offline needs"),

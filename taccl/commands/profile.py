@@ -40,6 +40,10 @@ def register(subparsers) -> None:
                                                           "(default: sm when measured for every pair)")
     p.add_argument("--nvlink-gbps", type=float, default=None, help="per-NVLink bandwidth for --from-nvidia-smi "
                                                                    "(default 25)")
+    p.add_argument("--compute-capability", metavar="X.Y", type=_compute_capability,
+                   help="the GPUs' compute capability (e.g. 9.0 for H100), whose generation's calibrated costs the "
+                        "topology gets (default: the probe's, or the NCCL topology XML's; nvidia-smi topo output "
+                        "does not say it)")
     p.add_argument("--probe", metavar="PATH", help="probe binary (default: profiler/taccl-probe, $TACCL_PROBE)")
     p.add_argument("--timeout", type=float, default=20.0, help="per-probe watchdog in seconds (default 20)")
     p.add_argument("--peer", metavar="HOST:PORT", help="measure the inter-node link against a peer running "
@@ -48,6 +52,25 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", "-q", action="store_true")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.set_defaults(func=run)
+
+
+def _compute_capability(text: str) -> int:
+    """"9.0" or "90" (NCCL's major * 10 + minor, as the samples and NCCL's topology XML give it) -> 90."""
+    import argparse
+
+    try:
+        if "." in text:
+            major, minor = text.split(".")
+            value = int(major) * 10 + int(minor)
+            ok = len(minor) == 1
+        else:
+            value = int(text)
+            ok = True
+    except ValueError:
+        ok = False
+    if not ok or not 30 <= value < 200:
+        raise argparse.ArgumentTypeError(f"expected a compute capability such as 9.0 (or 90), got {text!r}")
+    return value
 
 
 def _base_facts(args):
@@ -109,6 +132,8 @@ def run(args) -> int:
     facts = merge_facts(base, measured) if base is not None else measured
     if args.name:
         facts.name = args.name
+    if args.compute_capability:
+        facts.compute_capability = args.compute_capability
     if facts.n_gpus < 1:
         reasons = "; ".join(f"{u['what']}: {u['reason']}" for u in facts.unmeasured) or "no GPU"
         return _nothing_written(args, f"no GPU was measured ({reasons})", samples_path, facts.unmeasured)
@@ -149,6 +174,7 @@ def _summary(topo, out, samples_path) -> dict:
         "nics": [{k: n.get(k) for k in ("name", "gpus", "pcie_switch", "numa_node")} for n in topo.get("nics", [])],
         "cuda_visible_devices": topo["cuda_visible_devices"],
         "renumbering": m.get("renumbering", {}).get("reason"),
+        "calibration": m.get("calibration"),
         "unmeasured": m.get("unmeasured", []),
         "notes": m.get("notes", []),
     }
@@ -168,6 +194,10 @@ def _print_summary(s) -> None:
         print(f"  NIC {n['name']}: GPUs {n['gpus']}, PCIe switch {n['pcie_switch']}, nearest CPU (NUMA node) "
               f"{n['numa_node']}")
     print(f"  renumbering: {s['renumbering']}")
+    c = s["calibration"]
+    if c:
+        print(f"  calibrated costs: derived from the DGX H100 fit for {c['generation'].capitalize()} GPUs (compute "
+              f"capability {c['compute_capability'] / 10:.1f}, {c['sm_count']} SMs): docs/calibration.md")
     print(f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={s['cuda_visible_devices']}")
     for u in s["unmeasured"]:
         print(f"  not measured: {u['what']}: {u['reason']}")

@@ -108,6 +108,7 @@ def parse_text(text: str, *, path: str | None = None) -> NodeFacts:
             elif tgt in idx and idx[tgt] != i:
                 direct[(i, idx[tgt])] = direct.get((i, idx[tgt]), 0) + cnt
     per_link = _link_bw(max((s for s in sms if s), default=None))
+    f.compute_capability = min((s for s in sms if s), default=None)
     if len(to_switch) >= 2:
         members = sorted(to_switch)
         k = min(to_switch.values())

@@ -19,13 +19,13 @@ BIG = 64 << 20
 LAYOUTS = {
     "ndv2": dict(n=8, fabric="mesh", nv={2: 43.5, 1: 21.7}, nv_alpha=0.3, pcie_p2p=(9.0, 9.0),
                  host=(11.5, 8.0), groups=[[0, 1], [2, 3], [4, 5], [6, 7]], sockets=[0, 0, 0, 0, 1, 1, 1, 1],
-                 nics=1, nic_rate=100, net=(2.6, 9.5)),
+                 nics=1, nic_rate=100, net=(2.6, 9.5), sm=70, sms=80),
     "dgx-a100": dict(n=8, fabric="switch", sw=(230.0, 2.0), host=(24.0, 6.0),
                      groups=[[0, 1], [2, 3], [4, 5], [6, 7]], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8,
-                     nic_rate=200, net=(2.7, 23.0)),
+                     nic_rate=200, net=(2.7, 23.0), sm=80, sms=108),
     "h100": dict(n=8, fabric="switch", sw=(380.0, 2.0), host=(53.0, 5.0),
                  groups=[[g] for g in range(8)], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8, nic_rate=400,
-                 net=(2.7, 47.0)),
+                 net=(2.7, 47.0), sm=90, sms=132),
 }
 
 
@@ -141,7 +141,7 @@ def generate(layout: str, seed: int = 0, *, reps: int = 5, sigma: float = 0.02, 
     for p in range(n):
         c = perm.index(p)
         gpus.append({"index": p, "name": f"synthetic {layout}", "pci_bus_id": f"0000:{0x80 + p:02x}:00.0",
-                     "uuid": f"GPU-synthetic-{p}", "numa_node": L["sockets"][c]})
+                     "uuid": f"GPU-synthetic-{p}", "numa_node": L["sockets"][c], "sm": L["sm"], "sms": L["sms"]})
     doc = {"format": FORMAT, "version": VERSION, "tool": {"name": "taccl.profiler.synth", "layout": layout, "seed": seed},
            "host": {"hostname": f"synthetic-{layout}"}, "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
            "gpus": gpus, "nics": nics, "measurements": meas, "skipped": [], "status": "complete", "errors": []}

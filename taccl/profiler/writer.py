@@ -5,7 +5,8 @@ Three sources produce `NodeFacts` in the probe's (physical) GPU numbering: the a
 (`facts_from_analysis`), `nvidia-smi topo -m` (`nvsmi.parse`) and NCCL's topology dump (`nccl_xml.parse`).
 `merge_facts(base, measured)` keeps every measured item and fills the gaps from the base, so a user can start
 from what the machine reports and refine it with measurements. `to_topology` then picks the GPU renumbering
-and writes a document that `taccl.topology.spec_from_dict` accepts.
+and writes a document that `taccl.topology.spec_from_dict` accepts, with calibrated costs derived for the
+GPU's generation (`taccl.costs`) where its compute capability is known.
 """
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ class NodeFacts:
     unmeasured: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     measurements: dict = field(default_factory=dict)
+    compute_capability: int | None = None  # major * 10 + minor, the lowest of the node's GPUs (as NCCL takes it)
+    sm_count: int | None = None  # streaming multiprocessors per GPU, the fewest
+
+
+def _lowest(values) -> int | None:
+    """The lowest of the positive whole numbers in `values`, None when there is none."""
+    known = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(known) if known else None
 
 
 def facts_from_analysis(an, doc: dict, *, name: str | None = None, samples_path: str | None = None) -> NodeFacts:
@@ -40,6 +49,8 @@ def facts_from_analysis(an, doc: dict, *, name: str | None = None, samples_path:
     f = NodeFacts(n_gpus=an.n_gpus, name=name or f"profiled-{host.get('hostname', 'node')}")
     f.env_visible = (doc.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
     gpus = doc.get("gpus", [])
+    f.compute_capability = _lowest(g.get("sm") for g in gpus)
+    f.sm_count = _lowest(g.get("sms") for g in gpus)
     if gpus and all(isinstance(g.get("numa_node"), int) and g["numa_node"] >= 0 for g in gpus):
         f.gpu_numa = [g["numa_node"] for g in gpus]
     for c in an.direct_classes:
@@ -60,7 +71,8 @@ def facts_from_analysis(an, doc: dict, *, name: str | None = None, samples_path:
     f.measurements = {
         "samples_file": samples_path,
         "tool": doc.get("tool"),
-        "gpus": [{k: g.get(k) for k in ("index", "name", "pci_bus_id", "uuid", "numa_node") if k in g} for g in gpus],
+        "gpus": [{k: g.get(k) for k in ("index", "name", "pci_bus_id", "uuid", "numa_node", "sm", "sms") if k in g}
+                 for g in gpus],
         "engine": an.engine,
         "pair_fits": [{"engine": e, "src": s, "dst": d, **fit.as_dict()} for (e, s, d), fit in sorted(an.pair_fits.items())],
         "host_fits": [{"direction": k[0], "gpu": k[1], **fit.as_dict()} for k, fit in sorted(an.host_fits.items())],
@@ -111,6 +123,8 @@ def merge_facts(base: NodeFacts | None, measured: NodeFacts | None) -> NodeFacts
     out.gpu_numa = measured.gpu_numa or base.gpu_numa
     out.net = measured.net or base.net
     out.env_visible = measured.env_visible or base.env_visible
+    out.compute_capability = measured.compute_capability or base.compute_capability
+    out.sm_count = measured.sm_count or base.sm_count
     out.sources = base.sources + measured.sources
     covered = set()
     if out.pcie_groups:
@@ -276,10 +290,41 @@ def to_topology(f: NodeFacts, *, reference=None, auto_reference: bool = True) ->
                         "nic_next_to_gpu0": ren.nic_next_to_gpu0, "notes": ren.notes,
                         "usage": "export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=" + doc["cuda_visible_devices"]}
     m["nics"] = [{k: v for k, v in n_.items()} for n_ in nics]
-    m["unmeasured"] = f.unmeasured
+    doc, calibration, gap = with_derived_costs(doc, f)
+    m["calibration"] = calibration
+    m["unmeasured"] = f.unmeasured + ([gap] if gap else [])
     m["notes"] = f.notes
     doc["measurements"] = m
     return doc, ren
+
+
+def with_derived_costs(doc: dict, f: NodeFacts) -> tuple:
+    """(`doc` with calibrated costs derived for the GPU generation of `f`'s compute capability (`taccl.costs`),
+    what they were derived for, None), or, where that is unknown, (`doc` as it is, None, an entry for the list
+    of what was not measured).
+    Without them the simulator has no per-step latency, per-block limit or call cost, and grades every
+    program below about 1 MiB several times too fast (docs/calibration.md)."""
+    from ..costs import NETWORK_SOURCE, NETWORK_TYPES, Derivation, derived_source, generation
+
+    if not doc.get("links") and not doc.get("switches"):
+        return doc, None, None  # no link between GPUs: nothing a program could use (`taccl profile` writes nothing)
+    if f.compute_capability is None:
+        return doc, None, {"what": "calibrated costs", "reason": "the GPUs' compute capability is not known (the probe "
+                     "and NCCL's topology XML give it, nvidia-smi topo output does not); pass --compute-capability (e.g. 9.0 for H100) to derive per-step "
+                     "latencies, per-block limits and call costs for that GPU generation"}
+    gen = generation(f.compute_capability)
+    sms = f"{f.sm_count} SMs (measured)" if f.sm_count else f"{Derivation.default_sms(gen)} SMs (the data sheet's)"
+    what = (f"compute capability {f.compute_capability / 10:.1f}, {sms}; the link bandwidths as measured (or "
+            f"nominal, as their notes say), scaled as the H100's measured 396 GB/s is")
+    mesh = "switches" not in doc
+    if mesh:
+        what += "; a GPU's LL bandwidth split over its NVLinks by their bandwidth"
+    out = Derivation().apply(doc, gen, mesh=mesh, sm_count=f.sm_count)
+    network = [NETWORK_SOURCE] if any(t in out["link_types"] for t in NETWORK_TYPES) else []
+    out["sources"] = list(doc.get("sources", [])) + [derived_source(gen, what)] + network
+    calibration = {"derived_from": "dgx-h100", "generation": gen, "compute_capability": f.compute_capability,
+                   "sm_count": out["runtime"]["sm_count"]}
+    return out, calibration, None
 
 
 def _r(v, nd=4):
