@@ -9,11 +9,12 @@ at its own input size, and the hierarchical sketches in the variants that suit l
 lowered (`taccl.lowering.lower`, proven) and simulated (`taccl.simulator`, the calibrated model) at sizes
 1 KiB to 1 GiB (a size the runtimes would not select it for does not count: `taccl.targets.selected_near`,
 float32), as is every applicable baseline (`taccl.baselines`: NCCL's rings and trees, the all-pairs and
-one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and 4 instances, no executor step
-limit). Printed per instance and size: the
-fastest of each side, the optimum (the lower bound; for AllReduce the reduce-scatter plus all-gather optimum),
-the speedup, and whether the size meets the target of `taccl.batch.selection` (no slower than the best
-baseline, and 1.1x faster than it or within 1.1x of the optimum).
+one-shot programs MSCCL ships, hierarchical and two-step; every protocol, 1 and 4 instances, and on one node
+rings and trees also on all of NCCL's 32 channels (`taccl.batch.jobs.baseline_instances`), no executor step
+limit). Printed per instance and size: the fastest of each side, the optimum (the lower bound; for AllReduce
+the reduce-scatter plus all-gather optimum), the speedup, and whether the size meets the target of
+`taccl.batch.selection` (no slower than the best baseline, and 1.1x faster than it or within 1.1x of the
+optimum).
 
     python benchmarks/quality.py [--groups core] [--sizes 1K:1G:4] [--time-limit 30] [--only LABEL]
                                  [--instances 1,4] [--synthesis-sizes 64K,16M]
@@ -33,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from instances import COMPANIONS, INSTANCES, SKETCHES  # noqa: E402
 
-from taccl.baselines import BASELINES, applicable, build  # noqa: E402
-from taccl.batch.jobs import CAPPED_BLOCKS  # noqa: E402
+from taccl.baselines import BASELINES, applicable, build, nccl_channel_instances  # noqa: E402
+from taccl.batch.jobs import CAPPED_BLOCKS, baseline_instances  # noqa: E402
 from taccl.batch.selection import TARGET_SPEEDUP, TARGET_VS_OPTIMUM, target_shortfall  # noqa: E402
 from taccl.bounds import allreduce_optimum, lower_bound  # noqa: E402
 from taccl.errors import TacclError  # noqa: E402
@@ -105,7 +106,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
         if collective.name not in colls or not applicable(name, topo, collective.name):
             continue
         for proto in PROTOCOLS:
-            for inst in (1, 4):
+            for inst in baseline_instances((1, 4), nccl_channel_instances(name, topo)):
                 try:
                     prog = build(name, topo, collective.name, instances=inst, proto=proto, max_tbs=max_tbs,
                                  reference=True)

@@ -499,17 +499,32 @@ def build_protocols(name: str, topology, collective_name: str, protocols, *, chu
         flows //= 2
 
 
+def _flows(name: str, topology) -> int:
+    """How many rings or trees the ring or tree baseline has (a channel each, as NCCL runs them)."""
+    if name == "ring":
+        return min(len(ring_orders(topology)), MAX_CHANNELS)
+    if name == "double-binary-tree":
+        return 2 * min(len(rail_starts(topology, node_cycle(topology))), MAX_CHANNELS // 2)
+    raise UserError(f"baseline {name!r} has no rings or trees to put one per channel")
+
+
+def nccl_channel_instances(name: str, topology) -> int | None:
+    """On one node, the instances that put a ring or tree baseline on all of NCCL's 32 channels, which NCCL
+    runs there at large sizes: fewer leave its one ring on a few thread blocks, which cannot fill an NVSwitch
+    port (a 64 MiB AllGather on one DGX H100: 720 us on 4 instances, 185 on 32; NCCL measured 192). None for
+    the baselines without rings or trees, and on several nodes, where NCCL's channels follow the NICs (a ring
+    per NIC) and the network, not the blocks, bounds them."""
+    if _BUILDERS.get(name) not in _CHANNELLED or topology.nodes > 1:
+        return None
+    return max(1, MAX_CHANNELS // _flows(name, topology))
+
+
 def build_on_channels(name: str, topology, collective_name: str, channels: int, *, proto: str = "Simple",
                       max_tbs: int = 108) -> Program:
     """A ring or tree baseline on `channels` channels in all, as NCCL counts them (a ring or a tree per
     channel): as many instances as its rings or trees fit, each instance's on its share of the channels
     (with fewer channels than rings or trees, they share them)."""
-    if name == "ring":
-        flows = min(len(ring_orders(topology)), MAX_CHANNELS)
-    elif name == "double-binary-tree":
-        flows = 2 * min(len(rail_starts(topology, node_cycle(topology))), MAX_CHANNELS // 2)
-    else:
-        raise UserError(f"baseline {name!r} has no rings or trees to put one per channel")
+    flows = _flows(name, topology)
     instances = max(1, channels // flows)
     prog = build_dsl(name, topology, collective_name, channels=max(1, channels // instances))
     return prog.lower(instances=instances, proto=proto, max_tbs=max_tbs)

@@ -686,3 +686,29 @@ def test_a_baseline_no_runtime_runs_is_part_of_the_bar_but_wins_no_sizes():
     assert all(w.best_baseline == ["direct/LL"] for w in windows)  # still the bar
     assert windows[1].speedup == [60.0 / 200.0]
     assert all(f"faster, not run: direct/LL ({why})" in w.note for w in windows)
+
+
+def test_rings_and_trees_are_also_built_on_all_of_nccls_channels(tmp_path):
+    # One DGX H100 node has one ring: on the SKU's 1 and 4 instances it ran on 1 or 4 thread blocks, which cannot
+    # fill an NVSwitch port (64 MiB AllGather: 720 us on 4, where NCCL's 32 channels take 185 simulated and 192
+    # measured), so synthesized programs "beat" a ring NCCL does not run. The bar holds the 32-channel ring.
+    from taccl.baselines import build_protocols
+    from taccl.batch.jobs import baseline_instances
+    from taccl.simulator import simulate
+    from taccl.topology import Topology, load_spec
+
+    sku = tmp_path / "one-node.yaml"
+    sketch = ROOT / "sketches" / "dgx-h100-direct.json"
+    sku.write_text(f"name: one-node\ntopology: dgx-h100\nnodes: [1, 2]\ncollectives: [allgather, allreduce]\n"
+                   f"sizes: [64MiB]\ncandidates:\n  - sketch: {sketch}\nbaselines:\n"
+                   f"  names: [ring, double-binary-tree, direct]\n  protocol: [Simple]\n  instances: [1, 4]\n")
+    labels = {(t.nodes, p.label) for t in plan(load_sku(sku)) if t.kind == "baseline" for p in t.programs}
+    assert {(1, "ring/Simple.i32"), (1, "double-binary-tree/Simple.i16")} <= labels
+    # on two nodes NCCL's channels follow the NICs (a ring per NIC, as the SKU's instances have them)
+    assert not {label for n, label in labels if n == 2 and re.search(r"\.i(32|16)$", label)}
+    assert not {label for _, label in labels if label.startswith("direct/") and label.endswith(".i32")}
+    assert baseline_instances((1, 4), 32) == (1, 4, 32) and baseline_instances((1, 4), 4) == (1, 4)
+    topo = Topology(load_spec("dgx-h100"), 1)
+    times = {i: simulate(build_protocols("ring", topo, "allgather", ["Simple"], instances=i)["Simple"], topo,
+                         64 << 20).time_us for i in (4, 32)}
+    assert times[32] < 0.3 * times[4] and abs(times[32] / 192.4 - 1) < 0.25  # NCCL measured 192.4 us

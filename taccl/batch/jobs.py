@@ -204,7 +204,7 @@ def plan(sku: Sku) -> list:
                                                       nodes=n, topology=sku.topology, grid=sku.grid, programs=progs,
                                                       max_tbs=sku.max_tbs, sketch_path=cand.sketch_path,
                                                       sketch_doc=doc, size_bytes=size, solver=solver))
-    from ..baselines import BASELINES, applicable, operations
+    from ..baselines import BASELINES, applicable, nccl_channel_instances, operations
     from ..topology import Topology
 
     for n in sku.nodes:
@@ -219,7 +219,7 @@ def plan(sku: Sku) -> list:
                 # whatever the target: lowered once, for the executor (a window they win gets no file elsewhere)
                 progs = []
                 for proto in sku.baseline_protocols:
-                    for inst in sku.baseline_instances:
+                    for inst in baseline_instances(sku.baseline_instances, nccl_channel_instances(name, topo)):
                         pkey = digest({"kind": "program", "baseline": name, "structure": structure_fp, "nodes": n,
                                        "collective": coll, "proto": proto, "instances": inst, "max_tbs": sku.max_tbs})
                         plabel = f"{name}/{proto}" + (f".i{inst}" if inst > 1 else "")
@@ -229,6 +229,16 @@ def plan(sku: Sku) -> list:
                                   topology=sku.topology, grid=sku.grid, programs=progs, max_tbs=sku.max_tbs,
                                   baseline=name))
     return tasks
+
+
+def baseline_instances(configured, full: int | None) -> tuple:
+    """The instance counts a baseline is built with: the configured ones, and for a ring or tree on one node also
+    `full`, the count that puts it on all of NCCL's 32 channels (`baselines.nccl_channel_instances`), where none
+    of the configured ones reaches them: the bar must include what NCCL runs at large sizes."""
+    configured = tuple(configured)
+    if full is None or max(configured) >= full:
+        return configured
+    return configured + (full,)
 
 
 def _body_digest(xml: str) -> str:
