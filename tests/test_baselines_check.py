@@ -142,3 +142,14 @@ def test_rings_past_the_runtimes_limits_are_fewer_and_the_user_is_told(tmp_path,
     # the reference (NCCL itself, no step limit) keeps a ring per channel: 32 rings, not one per NIC (33)
     t = load_topology(str(topo), 2)
     assert operations("ring", t, "allgather") == build_dsl("ring", t, "allgather").operations == 32 * 66 * 66
+
+
+def test_a_one_node_ring_on_few_instances_says_how_to_build_nccls(tmp_path, capsys):
+    # NCCL runs one node's ring on 32 channels at large sizes; a ring on 1 instance is one thread block a
+    # connection, several times slower there: the user is told how to build NCCL's
+    out = tmp_path / "ring.xml"
+    assert main(["baseline", "ring", "-t", "dgx-h100", "-o", str(out), "-q"]) == 0
+    assert "NCCL runs this ring on 32 channels at large sizes, which --instances 32 builds" in capsys.readouterr().err
+    assert main(["baseline", "ring", "-t", "dgx-h100", "-o", str(out), "-q", "--instances", "32"]) == 0
+    assert main(["baseline", "ring", "-t", "dgx-h100", "-n", "2", "-o", str(out), "-q", "--instances", "4"]) == 0
+    assert "NCCL runs" not in capsys.readouterr().err

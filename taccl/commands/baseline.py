@@ -1,7 +1,7 @@
 """`taccl baseline NAME --topology T --nodes N -o FILE.xml`: a checked baseline program (ring, tree, ...)."""
 from __future__ import annotations
 
-from ..baselines import BASELINES, build
+from ..baselines import BASELINES, build, nccl_channel_instances
 from ..fileio import check_output_file
 from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
 from ..progress import warn
@@ -39,6 +39,11 @@ def run(args) -> int:
                     report=warn)
     prepare_for_target(program, target, report=warn)
     write_program(program, args.output, target=target.name)
+    full = nccl_channel_instances(args.name, topo)
+    if full is not None and args.instances < full:
+        warn(f"note: NCCL runs this {args.name} on 32 channels at large sizes, which --instances {full} builds; "
+             f"on {args.instances} instance(s) it has {args.instances} thread block(s) a connection, too few to "
+             f"fill the GPUs' NVLink bandwidth")
     if not args.quiet:
         print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "
               f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked for "
