@@ -301,17 +301,17 @@ def to_topology(f: NodeFacts, *, reference=None, auto_reference: bool = True) ->
 def with_derived_costs(doc: dict, f: NodeFacts) -> tuple:
     """(`doc` with calibrated costs derived for the GPU generation of `f`'s compute capability (`taccl.costs`),
     what they were derived for, None), or, where that is unknown, (`doc` as it is, None, an entry for the list
-    of what was not measured).
-    Without them the simulator has no per-step latency, per-block limit or call cost, and grades every
-    program below about 1 MiB several times too fast (docs/calibration.md)."""
+    of what was not measured). Without them the simulator has no per-step latency, per-block limit or call
+    cost, and grades every program below about 1 MiB several times too fast (docs/calibration.md)."""
     from ..costs import NETWORK_SOURCE, NETWORK_TYPES, Derivation, derived_source, generation
 
     if not doc.get("links") and not doc.get("switches"):
         return doc, None, None  # no link between GPUs: nothing a program could use (`taccl profile` writes nothing)
     if f.compute_capability is None:
-        return doc, None, {"what": "calibrated costs", "reason": "the GPUs' compute capability is not known (the probe "
-                     "and NCCL's topology XML give it, nvidia-smi topo output does not); pass --compute-capability (e.g. 9.0 for H100) to derive per-step "
-                     "latencies, per-block limits and call costs for that GPU generation"}
+        return doc, None, {"what": "calibrated costs", "reason": (
+            "the GPUs' compute capability is not known (the probe and NCCL's topology XML give it, nvidia-smi topo "
+            "output does not); pass --compute-capability (e.g. 9.0 for H100) to derive per-step latencies, "
+            "per-block limits and call costs for that GPU generation")}
     gen = generation(f.compute_capability)
     sms = f"{f.sm_count} SMs (measured)" if f.sm_count else f"{Derivation.default_sms(gen)} SMs (the data sheet's)"
     what = (f"compute capability {f.compute_capability / 10:.1f}, {sms}; the link bandwidths as measured (or "
