@@ -10,6 +10,9 @@ ring                   allgather, reducescatter, allreduce     NCCL-style rings 
                                                                ring per NIC, each entering and leaving a
                                                                node through its own NICs, on its own
                                                                channel (as NCCL's rings use every NIC);
+                                                               on one node of direct NVLinks (DGX-1, NDv2)
+                                                               as many rings as its links carry, each on
+                                                               other links (NCCL builds four there);
                                                                32 rings at most, NCCL's channels
 double-binary-tree     allreduce                               NCCL-style: a chain inside each node, two
                                                                binary trees over the nodes (mirrored), each
@@ -106,16 +109,72 @@ def ring_order(topology) -> list:
 
 
 def ring_orders(topology) -> list:
-    """NCCL-style rings: one per NIC on several nodes, else one (`ring` keeps one per channel at most, as NCCL
-    does: a 72-NIC GB200 NVL72 rack gets 32 rings on 32 channels, not 72).
+    """NCCL-style rings: one per NIC on several nodes; on one node wired by direct NVLinks, as many as fit on
+    its links (`mesh_rings`); else one (`ring` keeps one per channel at most, as NCCL does: a 72-NIC GB200
+    NVL72 rack gets 32 rings on 32 channels, not 72).
 
     Ring j opens each node's cycle at a different place, so it enters a node through one GPU's NIC and
     leaves through another's; the rings' entry GPUs use distinct NICs, and so do their exit GPUs, so
     together they drive every NIC in both directions.
     """
+    if topology.nodes == 1 and not topology.spec.switches:
+        return mesh_rings(topology)
     cyc = node_cycle(topology)
     N = topology.nodes
     return [[topology.rank(n, l) for n in range(N) for l in cyc[j:] + cyc[:j]] for j in rail_starts(topology, cyc)]
+
+
+def mesh_rings(topology) -> list:
+    """Rings over one node's direct NVLinks as NCCL's ring search finds them (it builds four on a DGX-1,
+    each on other links, so that together they use every GPU's links, not one): `node_cycle` first, then
+    further Hamiltonian cycles while every directed link they use has an NVLink left (a link of twice the
+    slowest link's bandwidth carries two rings); a power of two of them, 32 at most."""
+    first = node_cycle(topology)
+    g = topology.gpus_per_node
+    if g <= 2:
+        return [first]
+    spec = topology.spec
+    slowest = min(spec.link_types[t].bw_GBps for _, (_, t, _) in topology._intra_local.items())
+    left = {pair: max(1, round(spec.link_types[t].bw_GBps / slowest)) for pair, (_, t, _) in
+            topology._intra_local.items()}
+    rings = []
+    cycle = first
+    while cycle is not None and len(rings) < MAX_CHANNELS:
+        rings.append(cycle)
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            left[(a, b)] -= 1
+        cycle = _cycle_on(g, left)
+    # a power of two of them: a program's chunks a loop (rings x ranks) must divide the power-of-two sizes the
+    # runtimes are called with, or they never select it (five rings on a DGX-1 keep four, as NCCL has)
+    return rings[:1 << (len(rings).bit_length() - 1)]
+
+
+def _cycle_on(g: int, left: dict):
+    """A Hamiltonian cycle from GPU 0 along directed links with an NVLink left (`left`), or None: depth first,
+    the links with the most left first, then the GPU with the fewest onward choices (bounded search)."""
+    budget = [20_000]
+    path, seen = [0], {0}
+
+    def onward(u):
+        return sorted((v for v in range(g) if v not in seen and left.get((u, v), 0) > 0),
+                      key=lambda v: (-left[(u, v)], sum(1 for w in range(g) if w not in seen and left.get((v, w), 0) > 0), v))
+
+    def dfs():
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if len(path) == g:
+            return left.get((path[-1], 0), 0) > 0
+        for v in onward(path[-1]):
+            path.append(v)
+            seen.add(v)
+            if dfs():
+                return True
+            path.pop()
+            seen.discard(v)
+        return False
+
+    return list(path) if dfs() else None
 
 
 def rail_starts(topology, cyc: list) -> list:
@@ -546,7 +605,7 @@ def operations(name: str, topology, collective_name: str, *, chunks: bool = Fals
         return R * R + (N - 1) * N * G * (G if chunks else 1)
     if name == "ring":
         per_ring = {"allgather": pairs + R, "reducescatter": pairs, "allreduce": 2 * pairs}[coll]
-        return min(len(rail_starts(topology, node_cycle(topology))), MAX_CHANNELS) * per_ring
+        return len(ring_orders(topology)[:MAX_CHANNELS]) * per_ring
     if name == "direct":
         # sends to every peer; ReduceScatter adds the owner's copy home and R - 1 reductions, AllReduce
         # then sends the sum to every peer

@@ -44,8 +44,9 @@ def test_a_baseline_that_cannot_fit_in_memory_is_refused_before_it_is_traced():
                                         r"memory, more than the 8\.0 GiB of a test's limit"):
         build("ring", t, "allgather", reference=True, max_memory_bytes=8 << 30, max_memory_source="a test's limit")
     check_baseline_memory("hierarchical", t, "allreduce", 1, 8 << 30)  # 274,432 operations: passes
-    # a chunk-up of 10^20 on one node: a few steps, but a collective of 5.6 x 10^21 pairs (once killed for memory)
-    with pytest.raises(UserError, match=r"at chunk-up 100000000000000000000 makes about 64 steps over "
+    # a chunk-up of 10^20 on one node: a few steps (four rings of 64), but a collective of 5.6 x 10^21 pairs (once
+    # killed for memory)
+    with pytest.raises(UserError, match=r"at chunk-up 100000000000000000000 makes about 256 steps over "
                                         r"5,600,000,000,000,000,000,000 \(chunk, rank\) pairs"):
         build("ring", load_topology("ndv2", 1), "allgather", chunkup=10 ** 20)
 

@@ -366,7 +366,7 @@ BAD_CALLS = [
     (["run", "{t}/ring.xml", "--seed", "-1"], ["--seed", "0 or more"]),
     (["check", "{t}/ring.xml", "--max-steps", "-1"], ["--max-steps", "at least 1"]),
     (["check", "{t}/ring.xml", "--tiles", "100000000"], ["--tiles", "at most 1024"]),
-    (["simulate", "{t}/cnt.xml", "-t", "ndv2"], ["{t}/cnt.xml", "cnt=1000000 chunks", "at most 8"]),
+    (["simulate", "{t}/cnt.xml", "-t", "ndv2"], ["{t}/cnt.xml", "cnt=1000000 chunks", "at most 32"]),
     (["solve", "{t}/deep.json"], ["{t}/deep.json", "nested deeper"]),
     (["batch", "{t}/binary.yaml", "-o", "{t}/out"], ["{t}/binary.yaml", "not UTF-8 text"]),
     (["run", "{t}/ring.xml", "--size", "64T"], ["of buffers, more than", "this machine's memory", "--size"]),
