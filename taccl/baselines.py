@@ -77,19 +77,28 @@ def node_cycle(topology) -> list:
         adj[s].append((-spec.link_types[tname].bw_GBps, d))
     for u in adj:
         adj[u] = [d for _, d in sorted(adj[u])]
-    path, seen = [0], {0}
-    budget = [200_000]
+
+    def onward(u, seen):  # Warnsdorff: fewest onward choices first
+        return sorted((v for v in adj[u] if v not in seen), key=lambda v: sum(1 for w in adj[v] if w not in seen))
+
+    path = _hamiltonian_cycle(g, onward, lambda u: 0 in adj[u], 200_000)
+    if path is None:
+        raise UserError(f"topology {topology.name!r}: found no ring through the GPUs of a node along its links")
+    return path
+
+
+def _hamiltonian_cycle(g: int, onward, closes, budget: int):
+    """A Hamiltonian cycle over GPUs 0..g-1 from GPU 0, depth first: `onward(u, seen)` orders the GPUs to try
+    after u, `closes(u)` says whether u links back to GPU 0; None when there is none or `budget` steps ran out."""
+    path, seen, left = [0], {0}, [budget]
 
     def dfs():
-        budget[0] -= 1
-        if budget[0] < 0:
+        left[0] -= 1
+        if left[0] < 0:
             return False
         if len(path) == g:
-            return 0 in adj[path[-1]]
-        # Warnsdorff: fewest onward choices first
-        cands = [v for v in adj[path[-1]] if v not in seen]
-        cands.sort(key=lambda v: sum(1 for w in adj[v] if w not in seen))
-        for v in cands:
+            return closes(path[-1])
+        for v in onward(path[-1], seen):
             path.append(v)
             seen.add(v)
             if dfs():
@@ -98,9 +107,7 @@ def node_cycle(topology) -> list:
             seen.discard(v)
         return False
 
-    if not dfs():
-        raise UserError(f"topology {topology.name!r}: found no ring through the GPUs of a node along its links")
-    return path
+    return list(path) if dfs() else None
 
 
 def ring_order(topology) -> list:
@@ -150,31 +157,16 @@ def mesh_rings(topology) -> list:
 
 
 def _cycle_on(g: int, left: dict):
-    """A Hamiltonian cycle from GPU 0 along directed links with an NVLink left (`left`), or None: depth first,
-    the links with the most left first, then the GPU with the fewest onward choices (bounded search)."""
-    budget = [20_000]
-    path, seen = [0], {0}
+    """A Hamiltonian cycle from GPU 0 along directed links with an NVLink left (`left`), or None: the links with
+    the most left first, then the GPU with the fewest onward choices (a bounded search)."""
+    def free(u, v):
+        return left.get((u, v), 0) > 0
 
-    def onward(u):
-        return sorted((v for v in range(g) if v not in seen and left.get((u, v), 0) > 0),
-                      key=lambda v: (-left[(u, v)], sum(1 for w in range(g) if w not in seen and left.get((v, w), 0) > 0), v))
+    def onward(u, seen):
+        return sorted((v for v in range(g) if v not in seen and free(u, v)),
+                      key=lambda v: (-left[(u, v)], sum(1 for w in range(g) if w not in seen and free(v, w)), v))
 
-    def dfs():
-        budget[0] -= 1
-        if budget[0] < 0:
-            return False
-        if len(path) == g:
-            return left.get((path[-1], 0), 0) > 0
-        for v in onward(path[-1]):
-            path.append(v)
-            seen.add(v)
-            if dfs():
-                return True
-            path.pop()
-            seen.discard(v)
-        return False
-
-    return list(path) if dfs() else None
+    return _hamiltonian_cycle(g, onward, lambda u: free(u, 0), 20_000)
 
 
 def rail_starts(topology, cyc: list) -> list:
