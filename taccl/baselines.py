@@ -169,6 +169,13 @@ def _cycle_on(g: int, left: dict):
     return _hamiltonian_cycle(g, onward, lambda u: free(u, 0), 20_000)
 
 
+def ring_count(topology) -> int:
+    """len(ring_orders(topology)), without building the rings (on 10^12 nodes their ranks fill no memory)."""
+    if topology.nodes == 1 and not topology.spec.switches:
+        return len(mesh_rings(topology))
+    return len(rail_starts(topology, node_cycle(topology)))
+
+
 def rail_starts(topology, cyc: list) -> list:
     """Where to open a node's cycle `cyc` into a path, one place per NIC on several nodes (else [0]): the
     paths' first GPUs use distinct NICs, and so do their last GPUs."""
@@ -553,7 +560,7 @@ def build_protocols(name: str, topology, collective_name: str, protocols, *, chu
 def _flows(name: str, topology) -> int:
     """How many rings or trees the ring or tree baseline has (a channel each, as NCCL runs them)."""
     if name == "ring":
-        return min(len(ring_orders(topology)), MAX_CHANNELS)
+        return min(ring_count(topology), MAX_CHANNELS)
     if name == "double-binary-tree":
         return 2 * min(len(rail_starts(topology, node_cycle(topology))), MAX_CHANNELS // 2)
     raise UserError(f"baseline {name!r} has no rings or trees to put one per channel")
@@ -597,7 +604,7 @@ def operations(name: str, topology, collective_name: str, *, chunks: bool = Fals
         return R * R + (N - 1) * N * G * (G if chunks else 1)
     if name == "ring":
         per_ring = {"allgather": pairs + R, "reducescatter": pairs, "allreduce": 2 * pairs}[coll]
-        return len(ring_orders(topology)[:MAX_CHANNELS]) * per_ring
+        return min(ring_count(topology), MAX_CHANNELS) * per_ring
     if name == "direct":
         # sends to every peer; ReduceScatter adds the owner's copy home and R - 1 reductions, AllReduce
         # then sends the sum to every peer
