@@ -124,7 +124,7 @@ def ring_orders(topology) -> list:
     leaves through another's; the rings' entry GPUs use distinct NICs, and so do their exit GPUs, so
     together they drive every NIC in both directions.
     """
-    if topology.nodes == 1 and not topology.spec.switches:
+    if _one_mesh_node(topology):
         return mesh_rings(topology)
     cyc = node_cycle(topology)
     N = topology.nodes
@@ -171,9 +171,14 @@ def _cycle_on(g: int, left: dict):
 
 def ring_count(topology) -> int:
     """len(ring_orders(topology)), without building the rings (on 10^12 nodes their ranks fill no memory)."""
-    if topology.nodes == 1 and not topology.spec.switches:
+    if _one_mesh_node(topology):
         return len(mesh_rings(topology))
     return len(rail_starts(topology, node_cycle(topology)))
+
+
+def _one_mesh_node(topology) -> bool:
+    """One node whose GPUs are wired by direct links, no switch: where rings are `mesh_rings`."""
+    return topology.nodes == 1 and not topology.spec.switches
 
 
 def rail_starts(topology, cyc: list) -> list:

@@ -218,8 +218,9 @@ def plan(sku: Sku) -> list:
                 # baselines stand for the runtime's own (NCCL's, RCCL's) algorithms, which fuse their steps
                 # whatever the target: lowered once, for the executor (a window they win gets no file elsewhere)
                 progs = []
+                instances = baseline_instances(sku.baseline_instances, nccl_channel_instances(name, topo))
                 for proto in sku.baseline_protocols:
-                    for inst in baseline_instances(sku.baseline_instances, nccl_channel_instances(name, topo)):
+                    for inst in instances:
                         pkey = digest({"kind": "program", "baseline": name, "structure": structure_fp, "nodes": n,
                                        "collective": coll, "proto": proto, "instances": inst, "max_tbs": sku.max_tbs})
                         plabel = f"{name}/{proto}" + (f".i{inst}" if inst > 1 else "")

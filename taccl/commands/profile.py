@@ -10,6 +10,7 @@ file is still written and says why); 2 bad input or the probe binary missing.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -56,8 +57,6 @@ def register(subparsers) -> None:
 
 def _compute_capability(text: str) -> int:
     """"9.0" or "90" (NCCL's major * 10 + minor, as the samples and NCCL's topology XML give it) -> 90."""
-    import argparse
-
     try:
         if "." in text:
             major, minor = text.split(".")
