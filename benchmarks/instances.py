@@ -103,6 +103,12 @@ COMPANIONS = {
     # 24.2)
     "2x NDv2 AllGather sk-1": ["ndv2-sk-2.json"],
     "2x DGX-2 AllToAll": ["dgx2-direct.json"],
+    # halved chunks, synthesized for 256 KiB and 1 MiB on four and eight thread blocks a connection: the
+    # second hop of a relayed block overlaps the first hop of the other half, as the mesh baseline's four
+    # rings on eight channels each overlap theirs (1 MiB: LL128 25.7 us against the ring's 29.3; 4 MiB:
+    # Simple 54.9 against 62.8; whole chunks: 28.9 and 63.4)
+    "1x NDv2 AllGather": [{"sketch": "ndv2-single.json", "at": at, "chunkup": 2, "instances": [4, 8]}
+                          for at in ("256K", "1M")],
     # halved chunks on eight thread blocks a connection: a relayed block's two Simple steps overlap more
     # (16 MiB: 296.5 us against 314.0 on four)
     "1x NDv2 AllToAll": [{"sketch": "ndv2-single.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
