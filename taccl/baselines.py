@@ -540,6 +540,8 @@ def build_protocols(name: str, topology, collective_name: str, protocols, *, chu
     channels), and says so through `report`."""
     from .budget import check_baseline_memory
 
+    for proto in protocols:
+        topology.spec.check_protocol(proto)
     check_baseline_memory(name, topology, collective_name, instances, max_memory_bytes, chunkup=chunkup,
                           source=max_memory_source)
     channels = max(1, MAX_CHANNELS // max(1, instances))  # each instance repeats the program on its own

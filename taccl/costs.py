@@ -34,6 +34,12 @@ GENERATIONS = {
 # NCCL's ring latency per step over the network (tuning.cc hwLat NET, us) and the data share of the wire
 NETWORK = {"Simple": (14.0, 1.0), "LL128": (4.0, 0.92), "LL": (2.7, 0.5)}
 
+# NCCL's ring latency per step over PCIe against NVLink (tuning.cc hwLat, PCI / NVLINK: LL 1.0 / 0.6, LL128
+# 2.5 / 1.9, Simple 5.7 / 3.4): a PCIe link's per-step latencies are the fitted NVLink ones times these
+PCIE_LATENCY = {"Simple": 5.7 / 3.4, "LL128": 2.5 / 1.9, "LL": 1.0 / 0.6}
+# the link type `taccl profile` writes for GPUs that talk over PCIe only; NCCL does not enable LL128 there
+PCIE_TYPE = "pcie"
+
 NETWORK_SOURCE = ("network (NET) costs: NCCL's ring latencies over the network, LL 2.7 / LL128 4.0 / Simple 14 "
                   "us per step (tuning.cc hwLat), all in flight (the proxy posts the sends); LL moves 8 data "
                   "bytes per 16, LL128 120 per 128")
@@ -87,6 +93,19 @@ class Derivation:
             p["tb_bw_GBps"] = min(p["tb_bw_GBps"], p["bw_GBps"])
         return out
 
+    def pcie(self, raw: float, gen: str) -> dict:
+        """Costs of a PCIe path of measured bandwidth `raw` (GB/s): an NVLink path's, with NCCL's PCIe per-step
+        latencies (`PCIE_LATENCY`) and LL at most half the link (8 data bytes in 16)."""
+        out = self.nvlink(raw, gen)
+        for p, c in out.items():
+            c["alpha_us"] = _r(c["alpha_us"] * PCIE_LATENCY[p])
+            if "overhead_us" in c:
+                c["overhead_us"] = c["alpha_us"]
+        out["LL"]["bw_GBps"] = min(out["LL"]["bw_GBps"], _r(raw * 0.5))
+        for c in out.values():
+            c["tb_bw_GBps"] = min(c["tb_bw_GBps"], c["bw_GBps"])
+        return out
+
     @staticmethod
     def default_sms(gen: str) -> int:
         return GENERATIONS[gen]["sms"]
@@ -111,9 +130,13 @@ class Derivation:
             per_gpu = max(total.values())
             share = {t: lt["bw_GBps"] / per_gpu for t, lt in d["link_types"].items()}
         for t, lt in d["link_types"].items():
-            if t not in NETWORK_TYPES:
+            if t == PCIE_TYPE:
+                lt["protocols"] = self.pcie(lt["bw_GBps"], gen)
+            elif t not in NETWORK_TYPES:
                 lt["protocols"] = self.nvlink(lt["bw_GBps"], gen, share.get(t, 1.0))
         d["runtime"] = self.runtime(gen, sm_count)
+        if PCIE_TYPE in d["link_types"]:  # NCCL enables LL128 only where a node's GPUs talk over NVLink
+            d["runtime"]["protocols"] = ["Simple", "LL"]
         return with_network(d)
 
 

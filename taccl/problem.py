@@ -196,6 +196,7 @@ def build_problem(topo: Topology, coll: Collective, sk: Sketch, input_size_bytes
     lanes = {}
     prob = Problem(topo, coll, sk, chunk_bytes, [], proto=proto or sk.protocol or "Simple",
                    instances=instances or sk.instances or 1)
+    topo.spec.check_protocol(prob.proto, where="--proto" if proto else "$.hyperparameters.protocol")
 
     def add(src, dst, switch=None, internode=False):
         split = sk.beta_split.get(topo.local(src), 1.0) if internode else 1.0

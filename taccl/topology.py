@@ -168,6 +168,7 @@ class TopologySpec:
     local_bw_GBps: float | None = None  # one thread block's on-GPU copy / reduce bandwidth
     sync_us: float = 0.0  # a dependency between thread blocks of one GPU: flag published, then seen
     sm_count: int | None = None  # streaming multiprocessors: the most thread blocks a rank may have
+    protocols: tuple = PROTOCOLS  # the protocols programs may use here (LL128 only over NVLink, as NCCL)
     vendor: str = "nvidia"  # the GPUs' maker: which runtime runs the programs by default (`taccl.targets`)
     description: str = ""
     sources: list = field(default_factory=list)
@@ -177,6 +178,24 @@ class TopologySpec:
     @property
     def multi_node(self) -> bool:
         return bool(self.nics) and self.max_nodes != 1
+
+    def check_protocol(self, proto, where: str = "--proto") -> None:
+        """Refuse a protocol this machine's runtime must not use (`runtime.protocols`): NCCL turns LL128 on only
+        where the GPUs of a node talk over NVLink, as its 128-byte lines are stored whole only there."""
+        p = str(getattr(proto, "value", proto))
+        if p not in self.protocols:
+            raise UserError(f"protocol {p} is not used on topology {self.name}: its runtime.protocols allow "
+                            f"{', '.join(self.protocols)} (NCCL enables LL128 only where the GPUs of a node talk over "
+                            f"NVLink: elsewhere its lines may be torn and the data corrupted)", path=self.path,
+                            where=where)
+
+    def protocol_note(self) -> str | None:
+        """One sentence for the user where this machine excludes a protocol, else None."""
+        off = [p for p in PROTOCOLS if p not in self.protocols]
+        if not off:
+            return None
+        return (f"topology {self.name} allows only {', '.join(self.protocols)} (runtime.protocols): no program or "
+                f"baseline in {', '.join(off)} is made for it")
 
     def calibration_note(self) -> str | None:
         """What of this topology is uncalibrated, as one sentence for the user, or None when nothing is: its
@@ -206,7 +225,8 @@ def _check_gpu(g, n, path, where):
 def check_node_connected(spec: "TopologySpec") -> None:
     """That the links and switches join every GPU of a node to every other: without that no collective can be
     synthesized on it (and the routing would blame the sketch for a route it cannot find). A topology file may
-    still lack them: `taccl profile` leaves the GPU-GPU links of a PCIe-only node unmeasured."""
+    still lack them: `taccl profile` started from `nvidia-smi topo -m` output has no GPU-GPU link of a PCIe-only
+    node (its probes measure one: a switch of link type "pcie")."""
     import networkx as nx
 
     g = nx.Graph()
@@ -292,7 +312,8 @@ def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:
         name=doc["name"], gpus_per_node=n, link_types=types, links=links, switches=switches, nics=nics,
         pcie_switches=[list(g) for g in doc.get("pcie_switches", [])], max_nodes=doc.get("max_nodes"),
         call_us=call_us, local_bw_GBps=runtime.get("local_bw_GBps"), sync_us=float(runtime.get("sync_us", 0.0)),
-        sm_count=runtime.get("sm_count"), vendor=doc.get("vendor", "nvidia"),
+        sm_count=runtime.get("sm_count"), protocols=tuple(p for p in PROTOCOLS if p in runtime.get("protocols", PROTOCOLS)),
+        vendor=doc.get("vendor", "nvidia"),
         description=doc.get("description", ""), sources=doc.get("sources", []), path=path, raw=doc,
     )
 

@@ -132,7 +132,7 @@ def test_a_node_beyond_any_machine_is_refused_by_the_schema(tmp_path):
 
 def test_synthesis_on_a_node_whose_gpus_no_link_joins_names_the_links(tmp_path, capsys):
     """Without links (and no switch) a node's GPUs cannot talk: the synthesizer blamed the sketch, saying no
-    route reaches rank 1. The file itself loads (`taccl profile` leaves a PCIe-only node's links unmeasured)."""
+    route reaches rank 1. The file itself loads (`taccl profile` from nvidia-smi output has no link of a PCIe-only node)."""
     from taccl.cli import main
 
     doc = json.loads((Path(__file__).resolve().parent.parent / "topologies" / "ndv2.json").read_text())

@@ -2,6 +2,7 @@
 link costs, switch groups, NIC placement, nearest CPU, renumbering, and the topology file written."""
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from taccl.profiler.samples import check_samples, empty_samples
 from taccl.profiler.synth import generate
 from taccl.profiler.writer import facts_from_analysis, to_topology
 from taccl.topology import DGX1_DOUBLE, DGX1_SINGLE, Topology, load_spec, spec_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(doc, **kw):
@@ -241,3 +244,67 @@ def test_nccl_generations():
 
     assert [generation(cc) for cc in (60, 70, 75, 80, 86, 89, 90, 100, 120)] == \
         ["volta", "volta", "volta", "ampere", "ampere", "ampere", "hopper", "blackwell", "blackwell"]
+
+
+def test_a_pcie_only_node_gets_a_pcie_switch_and_no_ll128(tmp_path):
+    """A node without NVLink (every GPU pair over PCIe) was written as no topology at all, after a traceback in
+    the link naming; now its GPUs share a switch of link type "pcie" (each GPU's PCIe link is its port), with
+    NCCL's PCIe per-step latencies, and LL128, which NCCL does not enable off NVLink, is refused everywhere."""
+    from taccl.baselines import build
+    from taccl.costs import PCIE_LATENCY, Derivation, generation
+    from taccl.sketch import load_sketch
+    from taccl.synthesize import SynthesisOptions, synthesize
+
+    doc, truth = generate("pcie", seed=2)
+    _, topo, _ = run(doc)
+    assert topo["switches"] == [{"name": "pcie", "gpus": list(range(8)), "type": "pcie"}]
+    assert "links" not in topo and topo["runtime"]["protocols"] == ["Simple", "LL"]
+    lt = topo["link_types"]["pcie"]
+    assert within(lt["bw_GBps"], truth["sw"][0] * 0.97, 0.05)  # the SM copies' rate
+    nvlink = Derivation().nvlink(lt["bw_GBps"], generation(89))
+    for p, factor in PCIE_LATENCY.items():
+        assert within(lt["protocols"][p]["alpha_us"], nvlink[p]["alpha_us"] * factor, 0.01)
+    assert lt["protocols"]["LL"]["bw_GBps"] <= lt["bw_GBps"] / 2
+    spec = spec_from_dict(topo)
+    assert spec.protocols == ("Simple", "LL") and spec.calibration_note() is None
+    assert "LL128" in spec.protocol_note()
+    t = Topology(spec, 1)
+    sk = load_sketch(ROOT / "sketches" / "ndv2-single.json")
+    path = tmp_path / "pcie.json"
+    path.write_text(json.dumps(topo))
+    algo = synthesize(sk, topology=str(path), options=SynthesisOptions(proto="LL", time_limit_s=10))
+    assert algo.protocol == "LL"
+    build("ring", t, "allgather", proto="Simple")
+    with pytest.raises(UserError, match="LL128 is not used on topology"):
+        synthesize(sk, topology=str(path), options=SynthesisOptions(proto="LL128", time_limit_s=10))
+    with pytest.raises(UserError, match="LL128 is not used on topology"):
+        build("ring", t, "allgather", proto="LL128")
+    # without the compute capability (no costs derived) LL128 is still refused
+    for g in doc["gpus"]:
+        del g["sm"]
+    _, topo, _ = run(doc)
+    assert topo["runtime"] == {"protocols": ["Simple", "LL"]}
+    assert spec_from_dict(topo).protocols == ("Simple", "LL")
+
+
+def test_a_batch_on_a_pcie_node_makes_nothing_in_ll128(tmp_path):
+    """A SKU that lists LL128 (the default lists every protocol) plans no synthesis and no baseline in it on a
+    machine whose runtime.protocols leave it out, and its report says so; a protocol the schema does not know
+    is a clear error."""
+    from taccl.batch import load_sku, plan
+    from taccl.cli import main
+
+    doc, _ = generate("pcie", seed=2)
+    _, topo, _ = run(doc)
+    (tmp_path / "pcie.json").write_text(json.dumps(topo))
+    (tmp_path / "sku.yaml").write_text(
+        "name: pcie-box\ntopology: pcie.json\nnodes: [1]\ncollectives: [allgather]\nsizes: [1KiB, 1MiB]\n"
+        f"candidates:\n  - sketch: {ROOT / 'sketches' / 'ndv2-single.json'}\n"
+        "    variants: {protocol: [Simple, LL128, LL]}\n")
+    sku = load_sku(tmp_path / "sku.yaml")
+    protos = {p.proto for task in plan(sku) for p in task.programs}
+    assert protos == {"Simple", "LL"}
+    topo["runtime"]["protocols"] = ["Simple", "LL64"]
+    (tmp_path / "bad.json").write_text(json.dumps(topo))
+    assert main(["baseline", "ring", "-t", str(tmp_path / "bad.json"), "-o", str(tmp_path / "r.xml")]) == 2
+    assert not (tmp_path / "r.xml").exists()

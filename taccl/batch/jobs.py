@@ -170,7 +170,7 @@ def plan(sku: Sku) -> list:
                 for size in cand.synthesis_sizes:
                     for chunkup in cand.chunkups:
                         for policy in cand.switch_policies:
-                            for proto in cand.protocols:
+                            for proto in [p for p in cand.protocols if p in sku.spec.protocols]:
                                 for inst in cand.instances:
                                     # one synthesis per protocol and instance count: the link costs differ
                                     doc = _variant_doc(cand.sketch_doc, chunkup, policy, proto, inst)
@@ -219,7 +219,7 @@ def plan(sku: Sku) -> list:
                 # whatever the target: lowered once, for the executor (a window they win gets no file elsewhere)
                 progs = []
                 instances = baseline_instances(sku.baseline_instances, nccl_channel_instances(name, topo))
-                for proto in sku.baseline_protocols:
+                for proto in [p for p in sku.baseline_protocols if p in sku.spec.protocols]:
                     for inst in instances:
                         pkey = digest({"kind": "program", "baseline": name, "structure": structure_fp, "nodes": n,
                                        "collective": coll, "proto": proto, "instances": inst, "max_tbs": sku.max_tbs})

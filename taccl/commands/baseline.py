@@ -43,7 +43,7 @@ def run(args) -> int:
     if full is not None and args.instances < full:
         warn(f"note: NCCL runs this {args.name} on 32 channels at large sizes, which --instances {full} builds; "
              f"on {args.instances} instance(s) it has {args.instances} thread block(s) a connection, too few to "
-             f"fill the GPUs' NVLink bandwidth")
+             f"fill the GPUs' links")
     if not args.quiet:
         print(f"{args.output}: {args.name} {program.collective} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), "
               f"{program.nchannels} channel(s), {program.max_threadblocks} thread block(s) per rank; checked for "

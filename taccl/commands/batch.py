@@ -74,6 +74,8 @@ def run(args) -> int:
         uncalibrated = result.sku.spec.calibration_note()
         if uncalibrated:
             print(f"note: {uncalibrated}")
+        if result.sku.spec.protocol_note():
+            print(f"note: {result.sku.spec.protocol_note()}")
         for name, (s, out) in targets.items():
             if len(targets) > 1 or name != default_target(result.sku.spec):
                 print(f"{name} ({out}):")

@@ -268,6 +268,8 @@ def lower(algorithm, *, instances: int | None = None, proto: str | None = None, 
     `CheckFailed` if the checker rejects the result (a lowering bug; the findings are in the message).
     Progress (each policy lowered, the ranking, the proof) goes to `report`.
     """
+    if topology is not None:
+        topology.spec.check_protocol(algorithm.protocol if proto is None else proto)
     program = _lower(algorithm, memo or LoweringMemo(), instances=instances, proto=proto, min_bytes=min_bytes,
                      max_bytes=max_bytes, max_tbs=max_tbs, fuse=fuse, check=check, name=name, topology=topology,
                      keep_schedule=keep_schedule, fusion=fusion, block_steps=block_steps,

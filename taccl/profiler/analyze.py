@@ -234,7 +234,17 @@ def _classify(an: Analysis, meas) -> None:
         members = [direct[i] for i in c]
         an.classes.append(LinkClass(name, "direct", sorted(members), pooled(members),
                                     [round(pairs[k].bw_GBps, 3) for k in sorted(members)]))
-    if pcie:
+    if pcie and not direct and len({tuple(sorted(k)) for k in pcie}) == an.n_gpus * (an.n_gpus - 1) // 2:
+        # No NVLink at all: the GPUs talk over PCIe, each through its own PCIe link, which all its transfers
+        # share, as an NVSwitch port is shared: a switch of link type "pcie" (LL128 is not used over it)
+        an.classes.append(LinkClass("pcie", "switch", pcie, pooled(pcie), [round(pairs[k].bw_GBps, 3) for k in pcie],
+                                    note="no NVLink: every GPU pair over PCIe (at most "
+                                         f"{PCIE_MARGIN} x the GPU-host bandwidth), a switch whose port is each "
+                                         "GPU's PCIe link"))
+        an.notes.append("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are "
+                        "the GPUs' PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by "
+                        "several GPUs are not modelled (the link type's bandwidth is the pooled pair fit)")
+    elif pcie:
         an.classes.append(LinkClass("pcie", "pcie", pcie, pooled(pcie), [round(pairs[k].bw_GBps, 3) for k in pcie],
                                     note=f"through PCIe and the host (at most {PCIE_MARGIN} x the GPU-host bandwidth); "
                                          "not given to the synthesizer"))
@@ -243,8 +253,8 @@ def _classify(an: Analysis, meas) -> None:
 
 def _class_names(bws) -> list:
     """'nvlink' for one class; 'nvlink_xK' (K = bandwidth multiple of the slowest) for several."""
-    if len(bws) == 1:
-        return ["nvlink"]
+    if len(bws) <= 1:
+        return ["nvlink"][:len(bws)]
     names, lo = [], min(bws)
     for i, b in enumerate(bws):
         k = b / lo

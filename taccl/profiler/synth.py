@@ -3,7 +3,8 @@
 `generate(layout, seed=...)` returns a samples document (the probe's format) and the truth it was made
 from. Layouts: "ndv2" (DGX-1 hybrid cube-mesh, one NIC on one of four PCIe switch pairs, GPUs renumbered
 at random as an NDv2 VM does), "dgx-a100" (NVSwitch, four PCIe switches of two GPUs and two NICs each),
-"h100" (NVSwitch, one GPU and one NIC per PCIe switch). Numbers come from
+"h100" (NVSwitch, one GPU and one NIC per PCIe switch), "pcie" (no NVLink: every GPU pair over PCIe, two
+GPUs per PCIe switch, two NICs). Numbers come from
 shared/docs/reference-numbers.md (link parameters) and are only meant to be plausible.
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ LAYOUTS = {
     "dgx-a100": dict(n=8, fabric="switch", sw=(230.0, 2.0), host=(24.0, 6.0),
                      groups=[[0, 1], [2, 3], [4, 5], [6, 7]], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8,
                      nic_rate=200, net=(2.7, 23.0), sm=80, sms=108),
+    # a PCIe-only server (8x L40S-class GPUs, no NVLink): GPU pairs at PCIe rates, two GPUs per PCIe switch
+    "pcie": dict(n=8, fabric="pcie", sw=(21.0, 3.0), host=(25.0, 5.0), groups=[[0, 1], [2, 3], [4, 5], [6, 7]],
+                 sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=2, nic_rate=200, net=(2.7, 23.0), sm=89, sms=142),
     "h100": dict(n=8, fabric="switch", sw=(380.0, 2.0), host=(53.0, 5.0),
                  groups=[[g] for g in range(8)], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8, nic_rate=400,
                  net=(2.7, 47.0), sm=90, sms=132),
@@ -93,14 +97,14 @@ def generate(layout: str, seed: int = 0, *, reps: int = 5, sigma: float = 0.02, 
     # Same-source concurrent pairs (switch port sharing) and a few disjoint ones.
     for engine in ("ce", "sm"):
         for a in range(n):
-            peers = [b for b in range(n) if b != a and (L["fabric"] == "switch" or (a, b) in canon)][:2]
+            peers = [b for b in range(n) if b != a and (L["fabric"] != "mesh" or (a, b) in canon)][:2]
             if len(peers) < 2:
                 continue
             times = []
             for _ in range(reps):
                 row = []
                 for b in peers:
-                    if L["fabric"] == "switch":
+                    if L["fabric"] != "mesh":  # a switch port or a PCIe link, shared by the two copies
                         bw, al = L["sw"][0] / 2, L["sw"][1]
                     else:
                         bw, al = L["nv"][canon[(a, b)]], L["nv_alpha"]

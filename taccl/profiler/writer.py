@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..costs import PCIE_TYPE
 from ..errors import UserError
 from .renumber import Renumbering, cuda_visible_devices, find_renumbering
 
@@ -284,6 +285,8 @@ def to_topology(f: NodeFacts, *, reference=None, auto_reference: bool = True) ->
     if not types:
         types["none"] = {"alpha_us": 0.0, "bw_GBps": 1.0, "note": "placeholder: no link could be measured"}
     doc["link_types"] = types
+    if PCIE_TYPE in types:  # GPUs over PCIe: NCCL does not enable LL128 there (its lines may be torn)
+        doc["runtime"] = {"protocols": ["Simple", "LL"]}
     doc["cuda_visible_devices"] = cuda_visible_devices(ren.order, f.env_visible)
     m = dict(f.measurements)
     m["renumbering"] = {"order": ren.order, "reason": ren.reason, "reference": ren.reference,
