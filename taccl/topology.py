@@ -184,10 +184,10 @@ class TopologySpec:
         where the GPUs of a node talk over NVLink, as its 128-byte lines are stored whole only there."""
         p = str(getattr(proto, "value", proto))
         if p not in self.protocols:
+            why = (" (NCCL enables LL128 only where the GPUs of a node talk over NVLink: elsewhere its lines may be "
+                   "torn and the data corrupted)" if p == "LL128" else "")
             raise UserError(f"protocol {p} is not used on topology {self.name}: its runtime.protocols allow "
-                            f"{', '.join(self.protocols)} (NCCL enables LL128 only where the GPUs of a node talk over "
-                            f"NVLink: elsewhere its lines may be torn and the data corrupted)", path=self.path,
-                            where=where)
+                            f"{', '.join(self.protocols)}{why}", path=self.path, where=where)
 
     def protocol_note(self) -> str | None:
         """One sentence for the user where this machine excludes a protocol, else None."""
