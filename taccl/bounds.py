@@ -96,7 +96,6 @@ from functools import lru_cache
 
 from .collectives import NAMES, canonical_name
 from .errors import UserError
-from .topology import PROTOCOLS
 
 __all__ = ["lower_bounds", "lower_bound", "allreduce_optimum", "rank_volumes", "node_volumes", "custom_lower_bounds",
            "custom_lower_bound"]
@@ -323,11 +322,12 @@ def _merge_latency(topology, intra: list, nic_alpha: list, size_bytes: float, pr
 def lower_bounds(topology, collective_name: str, size_bytes: float, *, root: int = 0, proto: str | None = None) -> dict:
     """Lower bounds (microseconds) on any algorithm for the collective at this size; see the module doc.
 
-    With ``proto`` the bound of programs in that protocol; without, the smallest per-protocol bound (its
-    protocol under ``"proto"``).
+    With ``proto`` the bound of programs in that protocol; without, the smallest per-protocol bound over the
+    protocols the topology allows (`TopologySpec.protocols`; its protocol under ``"proto"``).
     """
     if proto is None:
-        per = [lower_bounds(topology, collective_name, size_bytes, root=root, proto=p) for p in PROTOCOLS]
+        per = [lower_bounds(topology, collective_name, size_bytes, root=root, proto=p)
+               for p in topology.spec.protocols]
         return min(per, key=_total)
     c = _canon(collective_name)
     p = str(getattr(proto, "value", proto))
@@ -516,7 +516,7 @@ def allreduce_optimum(topology, size_bytes: float, *, proto: str | None = None) 
     latency bound. Every AllReduce without in-network reduction moves both volumes through some GPU's ports
     when ingress and egress bandwidths are equal (`lower_bound` proves only M/B); where latency rules (small
     sizes) the yardstick is the provable bound, which one-pass programs reach, not two latencies."""
-    protos = PROTOCOLS if proto is None else (proto,)
+    protos = topology.spec.protocols if proto is None else (proto,)
     best = INF
     for p in protos:
         rs = lower_bounds(topology, "reducescatter", size_bytes, proto=p)

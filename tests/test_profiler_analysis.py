@@ -308,3 +308,18 @@ def test_a_batch_on_a_pcie_node_makes_nothing_in_ll128(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(topo))
     assert main(["baseline", "ring", "-t", str(tmp_path / "bad.json"), "-o", str(tmp_path / "r.xml")]) == 2
     assert not (tmp_path / "r.xml").exists()
+
+
+def test_bounds_take_only_the_protocols_a_machine_allows():
+    """The optimum a program is held against is over the protocols the machine allows: with only Simple, a
+    1 KiB AllGather's bound is Simple's, not LL's (several times smaller)."""
+    from taccl.bounds import allreduce_optimum, lower_bound, lower_bounds
+
+    doc = json.loads((ROOT / "topologies" / "dgx-h100.json").read_text())
+    full = Topology(spec_from_dict(doc), 1)
+    doc["runtime"]["protocols"] = ["Simple"]
+    simple_only = Topology(spec_from_dict(doc), 1)
+    assert lower_bounds(full, "allgather", 1024)["proto"] == "LL"
+    assert lower_bound(simple_only, "allgather", 1024) == lower_bound(full, "allgather", 1024, proto="Simple")
+    assert allreduce_optimum(simple_only, 1024) == allreduce_optimum(full, 1024, proto="Simple")
+    assert allreduce_optimum(simple_only, 1024) > 1.5 * allreduce_optimum(full, 1024)
