@@ -628,10 +628,18 @@ int main(int argc, char** argv) {
       uuid += h;
       if (k == 3 || k == 5 || k == 7 || k == 9) uuid += "-";
     }
+    // peak memory bandwidth (double data rate: two transfers a clock), which scales one block's on-GPU copy
+    // bandwidth in the calibrated costs (HBM against GDDR differs by 4x within one NCCL generation)
+    int mem_khz = 0, bus_bits = 0;
+    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, d);
+    cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, d);
+    double mem_gbps = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+    char mem[32];
+    snprintf(mem, sizeof mem, "%.1f", mem_gbps);
     gpus += std::string(d ? "," : "") + "{\"index\":" + std::to_string(d) + ",\"name\":" + jstr(p.name) +
             ",\"pci_bus_id\":" + jstr(bus) + ",\"uuid\":" + jstr(uuid) + ",\"numa_node\":" +
             std::to_string(pci_numa_node(bus)) + ",\"sm\":" + std::to_string(p.major * 10 + p.minor) +
-            ",\"sms\":" + std::to_string(p.multiProcessorCount) + "}";
+            ",\"sms\":" + std::to_string(p.multiProcessorCount) + ",\"mem_GBps\":" + mem + "}";
     for (int q = 0; q < n; ++q) {
       int can = 0;
       if (q != d) cudaDeviceCanAccessPeer(&can, d, q);

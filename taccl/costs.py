@@ -22,13 +22,16 @@ import json
 
 NETWORK_TYPES = ("ib", "roce")
 
+H100_MEMORY_GBPS = 3352  # the H100 SXM's HBM3 bandwidth, the denominator of GENERATIONS' "hbm"
 # generation / Hopper ratios of NCCL 2.30's tuning constants (perChMaxTreeBws, perChMaxRingLL128Bws, llMaxBws,
 # one node) and of HBM bandwidth (GB/s); SMs per GPU (the data sheets' SXM parts)
 GENERATIONS = {
-    "volta": {"simple": 26.5 / 38.7, "ll128": 20.0 / 36.7, "ll": 39.0 / 141.0, "hbm": 900 / 3352, "sms": 80},
-    "ampere": {"simple": 24.0 / 38.7, "ll128": 20.0 / 36.7, "ll": 87.7 / 141.0, "hbm": 2039 / 3352, "sms": 108},
+    "volta": {"simple": 26.5 / 38.7, "ll128": 20.0 / 36.7, "ll": 39.0 / 141.0,
+               "hbm": 900 / H100_MEMORY_GBPS, "sms": 80},
+    "ampere": {"simple": 24.0 / 38.7, "ll128": 20.0 / 36.7, "ll": 87.7 / 141.0,
+                "hbm": 2039 / H100_MEMORY_GBPS, "sms": 108},
     "hopper": {"simple": 1.0, "ll128": 1.0, "ll": 1.0, "hbm": 1.0, "sms": 132},
-    "blackwell": {"simple": 70.0 / 38.7, "ll128": 40.0 / 36.7, "ll": 282.0 / 141.0, "hbm": 8000 / 3352,
+    "blackwell": {"simple": 70.0 / 38.7, "ll128": 40.0 / 36.7, "ll": 282.0 / 141.0, "hbm": 8000 / H100_MEMORY_GBPS,
                   "sms": 148},
 }
 # NCCL's ring latency per step over the network (tuning.cc hwLat NET, us) and the data share of the wire
@@ -110,13 +113,17 @@ class Derivation:
     def default_sms(gen: str) -> int:
         return GENERATIONS[gen]["sms"]
 
-    def runtime(self, gen: str, sm_count: int | None = None) -> dict:
+    def runtime(self, gen: str, sm_count: int | None = None, mem_bw_GBps: float | None = None) -> dict:
+        """The runtime block for generation `gen`; one block's on-GPU bandwidth scaled by the GPU's memory
+        bandwidth (`mem_bw_GBps`, e.g. as the probe read it) against the H100's, else by the generation's HBM."""
         g = GENERATIONS[gen]
+        mem = mem_bw_GBps / H100_MEMORY_GBPS if mem_bw_GBps else g["hbm"]
         return {"call_us": dict(self.runtime_fit["call_us"]),
-                "local_bw_GBps": _r(self.runtime_fit["local_bw_GBps"] * g["hbm"]),
+                "local_bw_GBps": _r(self.runtime_fit["local_bw_GBps"] * mem),
                 "sync_us": self.runtime_fit["sync_us"], "sm_count": sm_count or g["sms"]}
 
-    def apply(self, doc: dict, gen: str, mesh: bool, sm_count: int | None = None) -> dict:
+    def apply(self, doc: dict, gen: str, mesh: bool, sm_count: int | None = None,
+              mem_bw_GBps: float | None = None) -> dict:
         """A copy of topology document `doc` with the costs of generation `gen` on every link type and its
         runtime block; `mesh`: its GPUs are wired by direct links (each link's LL share by bandwidth)."""
         d = copy.deepcopy(doc)
@@ -134,7 +141,7 @@ class Derivation:
                 lt["protocols"] = self.pcie(lt["bw_GBps"], gen)
             elif t not in NETWORK_TYPES:
                 lt["protocols"] = self.nvlink(lt["bw_GBps"], gen, share.get(t, 1.0))
-        d["runtime"] = self.runtime(gen, sm_count)
+        d["runtime"] = self.runtime(gen, sm_count, mem_bw_GBps)
         if PCIE_TYPE in d["link_types"]:  # NCCL enables LL128 only where a node's GPUs talk over NVLink
             d["runtime"]["protocols"] = ["Simple", "LL"]
         return with_network(d)

@@ -267,6 +267,9 @@ def test_a_pcie_only_node_gets_a_pcie_switch_and_no_ll128(tmp_path):
     assert lt["protocols"]["LL"]["bw_GBps"] <= lt["bw_GBps"] / 2
     spec = spec_from_dict(topo)
     assert spec.protocols == ("Simple", "LL") and spec.calibration_note() is None
+    # one block's on-GPU bandwidth follows the GPUs' memory (GDDR6, 864 GB/s), not the generation's HBM
+    assert within(topo["runtime"]["local_bw_GBps"],
+                  Derivation().runtime("hopper")["local_bw_GBps"] * 864 / 3352, 0.001)
     assert "LL128" in spec.protocol_note()
     t = Topology(spec, 1)
     sk = load_sketch(ROOT / "sketches" / "ndv2-single.json")

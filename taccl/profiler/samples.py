@@ -7,7 +7,8 @@ Format `taccl-profile-samples`, version 1 (one JSON object; every field but `for
       "tool": {"name": "taccl-probe", "version": "...", "cuda_runtime": 13000},
       "host": {"hostname": "...", "numa_nodes": [{"id": 0, "cpus": "0-19"}]},
       "env": {"CUDA_VISIBLE_DEVICES": "...", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-      "gpus": [{"index": 0, "name": "...", "pci_bus_id": "0000:07:00.0", "uuid": "GPU-...", "numa_node": 0, "sm": 80, "sms": 108}],
+      "gpus": [{"index": 0, "name": "...", "pci_bus_id": "0000:07:00.0", "uuid": "GPU-...", "numa_node": 0, "sm": 80, "sms": 108,
+                "mem_GBps": 2039.0}],
       "peer_access": [[false, true, ...], ...],           # cudaDeviceCanAccessPeer, row = src
       "nics": [{"name": "mlx5_0", "pci_bus_id": "...", "numa_node": 0, "rate_Gbps": 200}],
       "measurements": [ ... see below ... ],

@@ -26,7 +26,7 @@ LAYOUTS = {
                      nic_rate=200, net=(2.7, 23.0), sm=80, sms=108),
     # a PCIe-only server (8x L40S-class GPUs, no NVLink): GPU pairs at PCIe rates, two GPUs per PCIe switch
     "pcie": dict(n=8, fabric="pcie", sw=(21.0, 3.0), host=(25.0, 5.0), groups=[[0, 1], [2, 3], [4, 5], [6, 7]],
-                 sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=2, nic_rate=200, net=(2.7, 23.0), sm=89, sms=142),
+                 sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=2, nic_rate=200, net=(2.7, 23.0), sm=89, sms=142, mem=864.0),
     "h100": dict(n=8, fabric="switch", sw=(380.0, 2.0), host=(53.0, 5.0),
                  groups=[[g] for g in range(8)], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8, nic_rate=400,
                  net=(2.7, 47.0), sm=90, sms=132),
@@ -145,7 +145,8 @@ def generate(layout: str, seed: int = 0, *, reps: int = 5, sigma: float = 0.02, 
     for p in range(n):
         c = perm.index(p)
         gpus.append({"index": p, "name": f"synthetic {layout}", "pci_bus_id": f"0000:{0x80 + p:02x}:00.0",
-                     "uuid": f"GPU-synthetic-{p}", "numa_node": L["sockets"][c], "sm": L["sm"], "sms": L["sms"]})
+                     "uuid": f"GPU-synthetic-{p}", "numa_node": L["sockets"][c], "sm": L["sm"], "sms": L["sms"],
+                     **({"mem_GBps": L["mem"]} if "mem" in L else {})})
     doc = {"format": FORMAT, "version": VERSION, "tool": {"name": "taccl.profiler.synth", "layout": layout, "seed": seed},
            "host": {"hostname": f"synthetic-{layout}"}, "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
            "gpus": gpus, "nics": nics, "measurements": meas, "skipped": [], "status": "complete", "errors": []}

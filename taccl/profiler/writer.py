@@ -37,6 +37,7 @@ class NodeFacts:
     measurements: dict = field(default_factory=dict)
     compute_capability: int | None = None  # major * 10 + minor, the lowest of the node's GPUs (as NCCL takes it)
     sm_count: int | None = None  # streaming multiprocessors per GPU, the fewest
+    mem_bw_GBps: float | None = None  # peak memory bandwidth per GPU, the lowest (the probe's `mem_GBps`)
 
 
 def _lowest(values) -> int | None:
@@ -52,6 +53,9 @@ def facts_from_analysis(an, doc: dict, *, name: str | None = None, samples_path:
     gpus = doc.get("gpus", [])
     f.compute_capability = _lowest(g.get("sm") for g in gpus)
     f.sm_count = _lowest(g.get("sms") for g in gpus)
+    mem = [g["mem_GBps"] for g in gpus if isinstance(g.get("mem_GBps"), (int, float))
+           and not isinstance(g.get("mem_GBps"), bool) and math.isfinite(g["mem_GBps"]) and g["mem_GBps"] > 0]
+    f.mem_bw_GBps = float(min(mem)) if mem else None
     if gpus and all(isinstance(g.get("numa_node"), int) and g["numa_node"] >= 0 for g in gpus):
         f.gpu_numa = [g["numa_node"] for g in gpus]
     for c in an.direct_classes:
@@ -126,6 +130,7 @@ def merge_facts(base: NodeFacts | None, measured: NodeFacts | None) -> NodeFacts
     out.env_visible = measured.env_visible or base.env_visible
     out.compute_capability = measured.compute_capability or base.compute_capability
     out.sm_count = measured.sm_count or base.sm_count
+    out.mem_bw_GBps = measured.mem_bw_GBps or base.mem_bw_GBps
     out.sources = base.sources + measured.sources
     covered = set()
     if out.pcie_groups:
@@ -322,7 +327,9 @@ def with_derived_costs(doc: dict, f: NodeFacts) -> tuple:
     mesh = "switches" not in doc
     if mesh:
         what += "; a GPU's LL bandwidth split over its NVLinks by their bandwidth"
-    out = Derivation().apply(doc, gen, mesh=mesh, sm_count=f.sm_count)
+    if f.mem_bw_GBps:
+        what += f"; one block's on-GPU bandwidth scaled by the measured GPUs' {f.mem_bw_GBps:g} GB/s of memory"
+    out = Derivation().apply(doc, gen, mesh=mesh, sm_count=f.sm_count, mem_bw_GBps=f.mem_bw_GBps)
     network = [NETWORK_SOURCE] if any(t in out["link_types"] for t in NETWORK_TYPES) else []
     out["sources"] = list(doc.get("sources", [])) + [derived_source(gen, what)] + network
     calibration = {"derived_from": "dgx-h100", "generation": gen, "compute_capability": f.compute_capability,
