@@ -76,7 +76,8 @@ def facts_from_analysis(an, doc: dict, *, name: str | None = None, samples_path:
     f.measurements = {
         "samples_file": samples_path,
         "tool": doc.get("tool"),
-        "gpus": [{k: g.get(k) for k in ("index", "name", "pci_bus_id", "uuid", "numa_node", "sm", "sms") if k in g}
+        "gpus": [{k: g.get(k) for k in ("index", "name", "pci_bus_id", "uuid", "numa_node", "sm", "sms", "mem_GBps")
+                  if k in g}
                  for g in gpus],
         "engine": an.engine,
         "pair_fits": [{"engine": e, "src": s, "dst": d, **fit.as_dict()} for (e, s, d), fit in sorted(an.pair_fits.items())],
