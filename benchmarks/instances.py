@@ -2,7 +2,8 @@
 
 Each entry: (label, sketch file, collective override or None, size override or None, group, node count
 override or None).
-Groups: "core" (2-node and single-node), "scale" (64 and 128 GPUs), "stretch" (512 and 1024 GPUs).
+Groups: "core" (2-node and single-node), "scale" (64 and 128 GPUs), "stretch" (512 and 1024 GPUs), "node" (one
+DGX H100 node; `quality.py --groups node`).
 Reference model sizes (routing MILP variables / constraints / binaries) are the ones measured for the
 reference TACCL implementation, from ../shared/data/taccl-examples/SOURCES.md.
 """
@@ -39,6 +40,12 @@ INSTANCES = [
     ("128x DGX H100 AllReduce hierarchical 1 GB (1024 GPUs)", "dgx-h100-n128.json", "allreduce", None, "stretch",
      None),
     ("64x DGX H100 AllToAll hierarchical 1 GiB (512 GPUs)", "dgx-h100-hier.json", "alltoall", "1G", "stretch", 64),
+    # one DGX H100 node, which no shipped SKU has yet (`quality.py --groups node`): the flat one-hop sketch,
+    # with the wider variants of NODE_H100 as companions
+    ("1x DGX H100 AllGather", "dgx-h100-direct.json", None, None, "node", 1),
+    ("1x DGX H100 ReduceScatter", "dgx-h100-direct.json", "reducescatter", None, "node", 1),
+    ("1x DGX H100 AllReduce", "dgx-h100-direct.json", "allreduce", None, "node", 1),
+    ("1x DGX H100 AllToAll", "dgx-h100-direct.json", "alltoall", None, "node", 1),
 ]
 
 # Companions (benchmarks/quality.py): sketches for other message sizes that a user, and the SKU files in
@@ -78,6 +85,10 @@ H100_HIER_QUARTER = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 4, 
 H100_HIER_64M = {"sketch": "dgx-h100-hier.json", "at": "64M", "protocols": ["Simple"], "instances": [4]}
 H100_HIER_FINE_RS = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, "protocols": ["Simple"],
                      "instances": [4], "fusions": ["auto", "schedule"]}
+# One DGX H100 node: the one-hop sketch synthesized from 256 KiB to 64 MiB, in whole, halved and quartered
+# chunks, on 4 and 8 blocks a connection (the 32-channel ring is the bar there from 1 MiB)
+NODE_H100 = [{"sketch": "dgx-h100-direct.json", "at": at, "chunkup": cu, "instances": [4, 8]}
+             for at in ("256K", "1M", "4M", "64M") for cu in (1, 2, 4)]
 COMPANIONS = {
     "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_DIRECT_16K, DGX2_HIER_ALLGATHER,
                                     DGX2_HIER_ALLGATHER_MID],
@@ -126,6 +137,12 @@ COMPANIONS = {
     "16x DGX H100 AllGather hierarchical (128 GPUs)": [H100_HIER_64M],
     "16x DGX H100 ReduceScatter hierarchical (128 GPUs)": [H100_HIER_64M, H100_HIER_FINE_RS],
     "16x DGX H100 AllReduce hierarchical (128 GPUs)": [H100_HIER_64M],
+    "1x DGX H100 AllGather": NODE_H100,
+    "1x DGX H100 ReduceScatter": NODE_H100,
+    # and the one-shot form for the smallest messages
+    "1x DGX H100 AllReduce": NODE_H100 + [{"sketch": "dgx-h100-one-shot.json", "at": at, "protocols": ["LL", "LL128"],
+                                            "instances": [1, 4, 8]} for at in ("4K", "16K")],
+    "1x DGX H100 AllToAll": NODE_H100,
 }
 
 REFERENCE_ROUTING_SIZE = {

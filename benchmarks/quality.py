@@ -136,7 +136,7 @@ def run_instance(label, sketch, coll, size, args, nodes=None):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", default="core", help="instance groups (core, scale, stretch)")
+    ap.add_argument("--groups", default="core", help="instance groups (core, scale, stretch, node)")
     ap.add_argument("--sizes", default="1K:1G:4", help="sizes to simulate (default 1K:1G:4)")
     ap.add_argument("--time-limit", type=float, default=30.0, help="per MILP stage, seconds")
     ap.add_argument("--only", default=None, help="run only instances whose label contains this text")
