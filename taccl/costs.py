@@ -40,7 +40,8 @@ NETWORK = {"Simple": (14.0, 1.0), "LL128": (4.0, 0.92), "LL": (2.7, 0.5)}
 # NCCL's ring latency per step over PCIe against NVLink (tuning.cc hwLat, PCI / NVLINK: LL 1.0 / 0.6, LL128
 # 2.5 / 1.9, Simple 5.7 / 3.4): a PCIe link's per-step latencies are the fitted NVLink ones times these
 PCIE_LATENCY = {"Simple": 5.7 / 3.4, "LL128": 2.5 / 1.9, "LL": 1.0 / 0.6}
-# the link type `taccl profile` writes for GPUs that talk over PCIe only; NCCL does not enable LL128 there
+# the link type `taccl profile` writes for GPUs that talk over PCIe only (its file leaves LL128 out of
+# runtime.protocols: NCCL does not enable it there)
 PCIE_TYPE = "pcie"
 
 NETWORK_SOURCE = ("network (NET) costs: NCCL's ring latencies over the network, LL 2.7 / LL128 4.0 / Simple 14 "
@@ -141,9 +142,10 @@ class Derivation:
                 lt["protocols"] = self.pcie(lt["bw_GBps"], gen)
             elif t not in NETWORK_TYPES:
                 lt["protocols"] = self.nvlink(lt["bw_GBps"], gen, share.get(t, 1.0))
+        protocols = d.get("runtime", {}).get("protocols")  # what the machine allows is not a cost: kept
         d["runtime"] = self.runtime(gen, sm_count, mem_bw_GBps)
-        if PCIE_TYPE in d["link_types"]:  # NCCL enables LL128 only where a node's GPUs talk over NVLink
-            d["runtime"]["protocols"] = ["Simple", "LL"]
+        if protocols is not None:
+            d["runtime"]["protocols"] = protocols
         return with_network(d)
 
 

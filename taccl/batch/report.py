@@ -117,8 +117,9 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
     out += [("Times are the calibrated simulator's (docs/calibration.md). " if note is None else
              f"**Caution**: {note}. ") +
             "Speedup is the best baseline's time divided by the selected program's, per grid size in the window.", ""]
-    if sku.spec.protocol_note():
-        out += [f"Protocols: {sku.spec.protocol_note()}.", ""]
+    protocols = sku.spec.protocol_note()
+    if protocols:
+        out += [f"Protocols: {protocols}.", ""]
     out += ["## At a glance", "", "| collective | nodes | GPUs | synthesized wins | speedup over best baseline | "
             "x optimum | baseline wins | failed jobs | sizes missing the target |", "|---|---|---|---|---|---|---|---|---|"]
     for g in selection.groups:

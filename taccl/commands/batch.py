@@ -74,8 +74,9 @@ def run(args) -> int:
         uncalibrated = result.sku.spec.calibration_note()
         if uncalibrated:
             print(f"note: {uncalibrated}")
-        if result.sku.spec.protocol_note():
-            print(f"note: {result.sku.spec.protocol_note()}")
+        protocols = result.sku.spec.protocol_note()
+        if protocols:
+            print(f"note: {protocols}")
         for name, (s, out) in targets.items():
             if len(targets) > 1 or name != default_target(result.sku.spec):
                 print(f"{name} ({out}):")

@@ -40,9 +40,10 @@ class NodeFacts:
     mem_bw_GBps: float | None = None  # peak memory bandwidth per GPU, the lowest (the probe's `mem_GBps`)
 
 
-def _lowest(values) -> int | None:
-    """The lowest of the positive whole numbers in `values`, None when there is none."""
-    known = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+def _lowest(values, kind=int):
+    """The lowest of the positive, finite numbers of type `kind` in `values` (whole numbers by default), None
+    when there is none."""
+    known = [v for v in values if isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) and v > 0]
     return min(known) if known else None
 
 
@@ -53,9 +54,8 @@ def facts_from_analysis(an, doc: dict, *, name: str | None = None, samples_path:
     gpus = doc.get("gpus", [])
     f.compute_capability = _lowest(g.get("sm") for g in gpus)
     f.sm_count = _lowest(g.get("sms") for g in gpus)
-    mem = [g["mem_GBps"] for g in gpus if isinstance(g.get("mem_GBps"), (int, float))
-           and not isinstance(g.get("mem_GBps"), bool) and math.isfinite(g["mem_GBps"]) and g["mem_GBps"] > 0]
-    f.mem_bw_GBps = float(min(mem)) if mem else None
+    mem = _lowest((g.get("mem_GBps") for g in gpus), kind=(int, float))
+    f.mem_bw_GBps = None if mem is None else float(mem)
     if gpus and all(isinstance(g.get("numa_node"), int) and g["numa_node"] >= 0 for g in gpus):
         f.gpu_numa = [g["numa_node"] for g in gpus]
     for c in an.direct_classes:
@@ -291,8 +291,8 @@ def to_topology(f: NodeFacts, *, reference=None, auto_reference: bool = True) ->
     if not types:
         types["none"] = {"alpha_us": 0.0, "bw_GBps": 1.0, "note": "placeholder: no link could be measured"}
     doc["link_types"] = types
-    if PCIE_TYPE in types:  # GPUs over PCIe: NCCL does not enable LL128 there (its lines may be torn)
-        doc["runtime"] = {"protocols": ["Simple", "LL"]}
+    if PCIE_TYPE in types:  # GPUs over PCIe: NCCL does not enable LL128 there (its lines may be torn);
+        doc["runtime"] = {"protocols": ["Simple", "LL"]}  # derived costs keep this (`Derivation.apply`)
     doc["cuda_visible_devices"] = cuda_visible_devices(ren.order, f.env_visible)
     m = dict(f.measurements)
     m["renumbering"] = {"order": ren.order, "reason": ren.reason, "reference": ren.reference,
