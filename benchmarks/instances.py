@@ -89,6 +89,12 @@ H100_HIER_FINE_RS = {"sketch": "dgx-h100-hier.json", "at": "16M", "chunkup": 2, 
 # chunks, on 4 and 8 blocks a connection (the 32-channel ring is the bar there from 1 MiB)
 NODE_H100 = [{"sketch": "dgx-h100-direct.json", "at": at, "chunkup": cu, "instances": [4, 8]}
              for at in ("256K", "1M", "4M", "64M") for cu in (1, 2, 4)]
+# and the rings for ReduceScatter, where partial sums that land aside cost a flag and a pass: NCCL's one-way
+# ring in LL and LL128 on 32 blocks a connection (1 MiB: 14.41 us, the optimum; the one-hop sketch 16.2), both
+# ways round in Simple (16 MiB: 58.5 us; 64 / 256 MiB: 178.4 / 650.1 against the ring's 184.4 / 691.5)
+NODE_H100_RINGS = [{"sketch": "dgx-h100-ring.json", "at": "1M", "protocols": ["LL", "LL128"], "instances": [32]},
+                   {"sketch": "dgx-h100-bidir-ring.json", "at": "1M", "protocols": ["Simple"], "instances": [16]},
+                   {"sketch": "dgx-h100-bidir-ring.json", "at": "16M", "protocols": ["Simple"], "instances": [32]}]
 COMPANIONS = {
     "2x DGX-2 AllGather sk-1 1MB": ["dgx2-direct.json", DGX2_DIRECT_16K, DGX2_HIER_ALLGATHER,
                                     DGX2_HIER_ALLGATHER_MID],
@@ -138,7 +144,7 @@ COMPANIONS = {
     "16x DGX H100 ReduceScatter hierarchical (128 GPUs)": [H100_HIER_64M, H100_HIER_FINE_RS],
     "16x DGX H100 AllReduce hierarchical (128 GPUs)": [H100_HIER_64M],
     "1x DGX H100 AllGather": NODE_H100,
-    "1x DGX H100 ReduceScatter": NODE_H100,
+    "1x DGX H100 ReduceScatter": NODE_H100 + NODE_H100_RINGS,
     # and the one-shot form for the smallest messages
     "1x DGX H100 AllReduce": NODE_H100 + [{"sketch": "dgx-h100-one-shot.json", "at": at, "protocols": ["LL", "LL128"],
                                             "instances": [1, 4, 8]} for at in ("4K", "16K")],

@@ -96,8 +96,10 @@ def _sketch_where(sk: Sketch, key: str) -> dict:
     return {"path": sk.path, "where": key}
 
 
-def _intra_pairs(topo: Topology, sk: Sketch) -> list:
-    """(local src, local dst, switch index or None) pairs the intra-node sketch allows."""
+def _intra_pairs(topo: Topology, sk: Sketch, retraced: bool = False) -> list:
+    """(local src, local dst, switch index or None) pairs the intra-node sketch allows. ``retraced``: the
+    transfers will run the routes backwards (a ReduceScatter or Reduce routed as its dual), so a one-way ring
+    is routed against its direction."""
     n = topo.gpus_per_node
     phys = topo._intra_local
     if sk.intranode_strategy == "none":
@@ -111,7 +113,9 @@ def _intra_pairs(topo: Topology, sk: Sketch) -> list:
         pairs = set()
         for i, a in enumerate(ring):
             b = ring[(i + 1) % n]
-            pairs.update({(a, b), (b, a)})
+            pairs.add((b, a) if retraced else (a, b))
+            if not sk.ring_forward_only:
+                pairs.add((a, b) if retraced else (b, a))
         for s, d in pairs:
             if (s, d) not in phys:
                 raise UserError(f"ring step {s}->{d} has no physical link in topology {topo.name!r}", **_sketch_where(sk, "$.intranode_sketch.ring"))
@@ -183,9 +187,11 @@ def inverse(p) -> tuple:
 
 
 def build_problem(topo: Topology, coll: Collective, sk: Sketch, input_size_bytes: int, *,
-                  proto: str | None = None, instances: int | None = None, scope: str | None = None) -> Problem:
+                  proto: str | None = None, instances: int | None = None, scope: str | None = None,
+                  task: Collective | None = None) -> Problem:
     """The sketch's logical topology for `coll`. ``scope`` keeps only the links inside one kind of group
-    (a phase's: "node", "rail" = same local index on different nodes, "all" or None = every link)."""
+    (a phase's: "node", "rail" = same local index on different nodes, "all" or None = every link).
+    ``task``: the combining collective the transfers do when `coll` is its dual (its routes run backwards)."""
     R = topo.num_ranks
     if coll.num_ranks != R:
         raise UserError(f"collective is for {coll.num_ranks} ranks but the topology has {R}")
@@ -207,7 +213,13 @@ def build_problem(topo: Topology, coll: Collective, sk: Sketch, input_size_bytes
         links.append(LogicalLink(src, dst, alpha + beta, alpha, beta, res, phys.type.name, internode, switch, busy))
 
     if scope != "rail":
-        intra = _intra_pairs(topo, sk)
+        retraced = task is not None and task.combining
+        if retraced and sk.ring_forward_only and task.name not in ("reducescatter", "reduce"):
+            raise UserError(f"ring_direction 'forward' cannot hold for {task.name}: its reduction retraces its "
+                            f"gather's routes backwards; use 'both', or phases (a ReduceScatter phase, then an "
+                            f"AllGather phase, each on a forward ring)",
+                            **_sketch_where(sk, "$.intranode_sketch.ring_direction"))
+        intra = _intra_pairs(topo, sk, retraced)
         for node in range(topo.nodes):
             base = node * n
             for s, d, si in intra:

@@ -36,6 +36,7 @@ class Sketch:
     switches: list = field(default_factory=list)  # lists of local GPUs
     switch_policies: list = field(default_factory=list)  # per switch: "uc-min" | "uc-max" | "none"
     ring: list = field(default_factory=list)
+    ring_forward_only: bool = False  # ring_direction "forward": each GPU sends only to the next in ring order
     internode_strategy: str = "relay"
     internode_conn: dict | None = None  # local src -> [local dst]; None = fully connected
     sender_map: dict | None = None  # relay local GPU -> local GPUs whose chunks it may send off-node
@@ -109,6 +110,7 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
         if not intra.get("ring"):
             raise UserError("strategy 'ring' needs the 'ring' order of local GPUs", path=path, where="$.intranode_sketch.ring")
         sk.ring = list(intra["ring"])
+        sk.ring_forward_only = intra.get("ring_direction", "both") == "forward"
     inter = doc.get("internode_sketch", {"strategy": "relay"})
     sk.internode_strategy = inter["strategy"]
     conn = inter.get("internode_conn", "fully-connected")

@@ -336,12 +336,13 @@ def build_problems(sketch: Sketch, topo, coll: Collective, size, *, proto=None, 
     `UserError` naming its place."""
     if not sketch.phases:
         route_coll = coll.dual() if coll.combining else coll
-        return [(build_problem(topo, route_coll, sketch, size, proto=proto, instances=instances), coll, None)]
+        return [(build_problem(topo, route_coll, sketch, size, proto=proto, instances=instances, task=coll), coll,
+                 None)]
     out = []
     for plan in plan_phases(sketch, topo, coll):
         try:
             prob = build_problem(topo, plan.route_coll, plan.sketch, size, proto=proto, instances=instances,
-                                 scope=plan.groups)
+                                 scope=plan.groups, task=plan.task_coll)
         except UserError as exc:
             raise relocate(exc, plan.doc, plan.where) from None
         out.append((prob, plan.task_coll, plan))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from taccl.algorithm import Algorithm, verify
-from taccl.errors import CheckFailed
+from taccl.errors import CheckFailed, UserError
 from taccl.sketch import sketch_from_dict
 from taccl.synthesize import SynthesisOptions, synthesize
 from taccl.topology import Topology, spec_from_dict
@@ -328,3 +328,37 @@ def test_rail_relays_beat_the_direct_program_on_small_allgathers():
     synthesized = Simulator(lower(algo, topology=topo), topo).run(size).time_us
     direct = Simulator(build("direct", topo, "allgather", proto="LL", instances=4), topo).run(size).time_us
     assert synthesized < 0.97 * direct, (synthesized, direct)
+
+
+@pytest.mark.parametrize("direction", ["both", "forward"])
+def test_a_forward_ring_sums_each_chunk_around_the_ring(tmp_path, direction):
+    # On a switch, a ring sketch limits the links to ring neighbours; "forward" to the next GPU only, as NCCL's
+    # rings: every partial sum then travels the three hops to its owner, gaining one input per hop, so nothing
+    # is ever landed aside to be summed later (no transfer into a rank that already holds its own partial sum
+    # of that chunk from another neighbour).
+    ring = [0, 2, 1, 3]
+    algo = solve(switch4(tmp_path), "reducescatter", 4000,
+                 intranode_sketch={"strategy": "ring", "ring": ring, "ring_direction": direction})
+    verify(algo, algo.make_collective())
+    following = {ring[i]: ring[(i + 1) % 4] for i in range(4)}
+    forward = [t.dst == following[t.src] for t in algo.transfers]
+    assert all(t.op == "reduce" for t in algo.transfers)
+    if direction == "forward":
+        assert all(forward) and len(algo.transfers) == 4 * 3  # each chunk: three hops
+    else:
+        assert not all(forward)  # the shorter way round: chunks meet at their owner from both sides
+
+
+def test_a_forward_ring_allreduce_is_refused_unless_phased(tmp_path):
+    # A flat AllReduce retraces its gather's routes backwards for the reduction: a one-way ring cannot hold
+    # for both halves, so it is refused naming the field; as a ReduceScatter phase then an AllGather phase
+    # (each on its own routes) it runs forward throughout.
+    ring = {"strategy": "ring", "ring": [0, 1, 2, 3], "ring_direction": "forward"}
+    with pytest.raises(UserError, match="ring_direction 'forward' cannot hold for allreduce") as err:
+        solve(switch4(tmp_path), "allreduce", 4000, intranode_sketch=ring)
+    assert err.value.where == "$.intranode_sketch.ring_direction"
+    algo = solve(switch4(tmp_path), "allreduce", 4000, intranode_sketch=ring,
+                 phases=[{"collective": "reducescatter", "groups": "node"},
+                         {"collective": "allgather", "groups": "node"}])
+    verify(algo, algo.make_collective())
+    assert all(t.dst == (t.src + 1) % 4 for t in algo.transfers)
