@@ -43,6 +43,11 @@ def test_offline_sources(tmp_path):
     assert main(["profile", "--from-nccl-xml", str(DATA / "nccl" / "azure-ndv2-topo.xml"), "--analyze",
                  str(DATA / "samples-ndv2-quick.json"), "--out", str(out), "-q"]) == 0
     assert load_spec(str(out)).links
+    # a PCIe-only node (no NVLink): a topology a synthesis can use, at the rate given
+    assert main(["profile", "--from-nvidia-smi", str(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt"), "--offline",
+                 "--pcie-gbps", "48", "--out", str(out), "-q"]) == 0
+    spec = load_spec(str(out))
+    assert spec.protocols == ("Simple", "LL") and spec.link_types["pcie"].bw_GBps == 48.0
 
 
 def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, capsys):
@@ -79,6 +84,8 @@ def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, c
     (["--from-nvidia-smi", str(DATA / "nccl" / "azure-ndv2-topo.xml"), "--offline"], "not `nvidia-smi topo -m`"),
     (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx1-v100-hybrid-cube-mesh.txt"), "--offline", "--nvlink-gbps",
       "-5"], "--nvlink-gbps: must be a positive bandwidth"),
+    (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt"), "--offline", "--pcie-gbps", "0"],
+     "--pcie-gbps: must be a positive bandwidth"),
     (["--analyze", "{negative}"], "$.measurements[0].samples: expected samples as a list of [bytes, microseconds] "
                                   "pairs, both positive"),
 ])

@@ -64,17 +64,31 @@ def test_dgx2_nics_follow_pix_pairs():
 
 
 def test_pcie_only_systems():
+    # No NVLink and a PCIe relation for every GPU pair: one switch of link type "pcie" whose port is each GPU's
+    # PCIe link at the nominal (or given) rate, as the probe's analysis makes it; no LL128 there
     f = nvsmi.parse(DATA / "nvidia-smi" / "rtx4090-8gpu-pcie.txt")
-    assert f.classes == [] and any(u["what"] == "GPU-GPU links" for u in f.unmeasured)
+    (c,) = f.classes
+    assert (c["name"], c["kind"], c["bw_GBps"], len(c["pairs"])) == ("pcie", "switch", 24.0, 56)
+    assert "nominal" in c["note"] and not any(u["what"] == "GPU-GPU links" for u in f.unmeasured)
     assert [n["numa_node"] for n in f.nics] == [1, 1]
     doc, ren = topo_of(f)
     assert ren.order[0] == 6  # GPU6 is the one GPU next to the NICs (PHB); it becomes GPU 0
-    k80 = nvsmi.parse(DATA / "nvidia-smi" / "k80-6gpu-pix-soc.txt")
+    assert [(s["gpus"], s["type"]) for s in doc["switches"]] == [(list(range(8)), "pcie")]
+    assert doc["runtime"]["protocols"] == ["Simple", "LL"]
+    k80 = nvsmi.parse(DATA / "nvidia-smi" / "k80-6gpu-pix-soc.txt", pcie_GBps=12.0)
     assert k80.pcie_groups == [[0, 1], [2, 3], [4, 5]] and k80.gpu_numa == [0, 0, 1, 1, 1, 1]
+    assert [c["bw_GBps"] for c in k80.classes] == [12.0]
     topo_of(k80)
     l40s = nvsmi.parse(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt")
     assert l40s.pcie_groups is None and l40s.gpu_numa == [0] * 4 + [1] * 4
-    topo_of(l40s)
+    l40s.compute_capability = 89
+    doc, _ = topo_of(l40s)
+    pcie = doc["link_types"]["pcie"]["protocols"]  # derived: NCCL's PCI per-step latencies, no LL128 allowed
+    assert pcie["Simple"]["alpha_us"] > pcie["LL"]["alpha_us"] and doc["runtime"]["protocols"] == ["Simple", "LL"]
+    # a pair without a PCIe relation (N/A): no link is invented
+    text = "        GPU0    GPU1    GPU2\nGPU0     X      PIX     N/A\nGPU1    PIX      X      PIX\nGPU2    N/A     PIX      X\n"
+    f = nvsmi.parse_text(text, path="t.txt")
+    assert f.classes == [] and any(u["what"] == "GPU-GPU links" for u in f.unmeasured)
 
 
 @pytest.mark.parametrize("text,msg", [("hello", "no header"),

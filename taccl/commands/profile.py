@@ -41,6 +41,9 @@ def register(subparsers) -> None:
                                                           "(default: sm when measured for every pair)")
     p.add_argument("--nvlink-gbps", type=float, default=None, help="per-NVLink bandwidth for --from-nvidia-smi "
                                                                    "(default 25)")
+    p.add_argument("--pcie-gbps", type=float, default=None, help="per-GPU PCIe bandwidth and direction for "
+                                                                  "--from-nvidia-smi on a node without NVLink "
+                                                                  "(default 24: NCCL's for Gen4 x16; Gen5: 48)")
     p.add_argument("--compute-capability", metavar="X.Y", type=_compute_capability,
                    help="the GPUs' compute capability (e.g. 9.0 for H100), whose generation's calibrated costs the "
                         "topology gets (default: the probe's, or the NCCL topology XML's; nvidia-smi topo output "
@@ -78,7 +81,7 @@ def _base_facts(args):
 
     base = None
     if args.from_nvidia_smi:
-        kw = {"nvlink_GBps": args.nvlink_gbps} if args.nvlink_gbps else {}
+        kw = {k: v for k, v in (("nvlink_GBps", args.nvlink_gbps), ("pcie_GBps", args.pcie_gbps)) if v}
         if args.from_nvidia_smi == "-":
             base = nvsmi.parse_text(sys.stdin.read(), path="<stdin>", **kw)
         else:
@@ -103,8 +106,9 @@ def run(args) -> int:
         raise UserError("give --peer on one node and --listen on the other, not both", where="--peer")
     if args.peer and ":" not in args.peer:
         raise UserError(f"expected HOST:PORT, got {args.peer!r}", where="--peer")
-    if args.nvlink_gbps is not None and not args.nvlink_gbps > 0:
-        raise UserError(f"must be a positive bandwidth in GB/s, got {args.nvlink_gbps}", where="--nvlink-gbps")
+    for flag, value in (("--nvlink-gbps", args.nvlink_gbps), ("--pcie-gbps", args.pcie_gbps)):
+        if value is not None and not value > 0:
+            raise UserError(f"must be a positive bandwidth in GB/s, got {value}", where=flag)
     out = check_output_file(args.out, where="--out")
     samples_path = Path(args.samples) if args.samples else out.with_name(out.stem + ".samples.json")
     if not args.analyze and not args.offline:

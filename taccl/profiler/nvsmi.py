@@ -11,19 +11,29 @@ What is inferred:
 - PCIe switch groups: GPUs related by `PIX`/`PXB`, directly or through a NIC both of them see as
   `PIX`/`PXB` (NVLink pairs hide their PCIe relation, so the NIC columns matter).
 - NIC placement: the GPUs at `PIX`/`PXB` from the NIC; its NUMA node is that of the GPUs at `PIX`..`NODE`.
+- no NVLink at all (L40S, RTX, PCIe A100/H100 servers) and a PCIe relation for every GPU pair: the GPUs talk
+  over PCIe, each through its own PCIe link, modelled as the probe's analysis does (`analyze._classify`): a
+  switch of link type `pcie` whose port is each GPU's PCIe link.
 Costs: `nvlink_GBps` per link and direction (default 25 GB/s, NVLink2-4, shared/docs/reference-numbers.md),
-alpha 0.7 us (TE-CCL's NVLink alpha, same file); they are marked nominal in the topology file.
+alpha 0.7 us (TE-CCL's NVLink alpha, same file); `pcie_GBps` per GPU's PCIe link and direction (default 24 GB/s:
+NCCL's figure for a Gen4 x16 link, width x 16 GT/s x 120 / 80 in its `kvDictPciGen`; Gen5: 48), alpha the
+NVLink one scaled as NCCL's Simple per-step latency is for PCI (`taccl.costs.PCIE_LATENCY`); they are marked
+nominal in the topology file.
 """
 from __future__ import annotations
 
 import re
 
+from ..costs import PCIE_LATENCY, PCIE_TYPE
 from ..errors import UserError
 from ..fileio import read_text
 from .writer import NodeFacts
 
 NVLINK_GBPS = 25.0
 NVLINK_ALPHA_US = 0.7
+PCIE_GBPS = 24.0
+PCIE_ALPHA_US = round(NVLINK_ALPHA_US * PCIE_LATENCY["Simple"], 3)
+PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "PSB")
 NEAR = ("PIX", "PXB")
 SAME_NUMA = ("PIX", "PXB", "PHB", "NODE")
 _REL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|N/A)$")
@@ -42,7 +52,7 @@ def _cpu_set(text):
 
 
 def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLINK_GBPS,
-               nic_Gbps: float | None = None) -> NodeFacts:
+               pcie_GBps: float = PCIE_GBPS, nic_Gbps: float | None = None) -> NodeFacts:
     lines = [l.rstrip() for l in text.replace("\r", "").split("\n")]
     header_i = next((i for i, l in enumerate(lines) if re.match(r"^\s+GPU0\b", l)), None)
     if header_i is None:
@@ -113,8 +123,18 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
             pairs = sorted(p for p, c in nv.items() if c == k)
             f.classes.append({"name": f"nvlink_x{k}", "kind": "direct", "pairs": pairs, "alpha_us": NVLINK_ALPHA_US,
                               "bw_GBps": k * nvlink_GBps, "note": f"nominal: NV{k}, {k} x {nvlink_GBps:g} GB/s"})
-    if not nv:
-        f.unmeasured.append({"what": "GPU-GPU links", "reason": "nvidia-smi shows no NVLink; PCIe paths are not modelled"})
+    over_pcie = [(i, j) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j and rel(a, b) in PCIE_RELATIONS]
+    if not nv and n > 1 and len(over_pcie) == n * (n - 1):
+        f.classes.append({"name": PCIE_TYPE, "kind": "switch", "pairs": over_pcie, "alpha_us": PCIE_ALPHA_US,
+                          "bw_GBps": pcie_GBps,
+                          "note": f"nominal: no NVLink, every GPU pair over PCIe ({pcie_GBps:g} GB/s a GPU's PCIe link "
+                                  f"and direction), a switch whose port is each GPU's PCIe link"})
+        f.notes.append("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are the "
+                       "GPUs' PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by several GPUs "
+                       "are not modelled; `taccl profile` on the node measures the bandwidth")
+    elif not nv:
+        f.unmeasured.append({"what": "GPU-GPU links", "reason": "nvidia-smi shows no NVLink and not every GPU pair a "
+                                                                "PCIe relation"})
     # PCIe groups through PIX/PXB, directly or via a shared NIC.
     parent = list(range(n + len(nics)))
 
