@@ -149,3 +149,23 @@ def test_refine_nccl_structure_with_measurements():
     assert "fit" in out["link_types"]["nvlink_x2"]
     with pytest.raises(UserError, match="GPUs"):
         merge_facts(nvsmi.parse(DATA / "nvidia-smi" / "k80-6gpu-pix-soc.txt"), meas)
+
+
+def test_nccl_dump_of_a_pcie_only_node():
+    # NCCL writes each GPU's <gpu> with the NVLinks it found: none means PCIe only, at the slowest GPU link
+    # as NCCL rates it (x16 Gen4: 24 GB/s; one GPU here on x8). A hand-written file without <gpu> elements
+    # says nothing about NVLink, and no link is invented (Azure's NDv2 file has NVLinks NCCL finds at run time).
+    gpu = ('<pci busid="0000:{b}:00.0" class="0x030000" link_speed="16.0 GT/s PCIe" link_width="{w}">'
+           '<gpu dev="{d}" sm="89" rank="{d}" gdr="1"/></pci>')
+    cpu = '<cpu numaid="{n}" arch="x86_64">' + '<pci busid="0000:{n}0:00.0" class="0x060400">{g}</pci></cpu>'
+    gpus = [gpu.format(b=f"{i + 1:02x}", w=8 if i == 3 else 16, d=i) for i in range(4)]
+    text = ('<system version="1">' + cpu.format(n=0, g="".join(gpus[:2])) + cpu.format(n=1, g="".join(gpus[2:]))
+            + '</system>')
+    f = nccl_xml.parse_text(text, path="dump.xml")
+    (c,) = f.classes
+    assert (c["name"], c["kind"], c["bw_GBps"], len(c["pairs"])) == ("pcie", "switch", 12.0, 12)
+    assert f.compute_capability == 89 and f.pcie_groups == [[0, 1], [2, 3]]
+    doc, _ = topo_of(f)
+    assert doc["runtime"]["protocols"] == ["Simple", "LL"] and "Simple" in doc["link_types"]["pcie"]["protocols"]
+    azure = nccl_xml.parse(DATA / "nccl" / "azure-ndv2-topo.xml")
+    assert azure.classes == [] and any(u["what"] == "GPU-GPU links" for u in azure.unmeasured)

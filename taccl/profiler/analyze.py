@@ -241,14 +241,16 @@ def _classify(an: Analysis, meas) -> None:
                                     note="no NVLink: every GPU pair over PCIe (at most "
                                          f"{PCIE_MARGIN} x the GPU-host bandwidth), a switch whose port is each "
                                          "GPU's PCIe link"))
-        an.notes.append("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are "
-                        "the GPUs' PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by "
-                        "several GPUs are not modelled (the link type's bandwidth is the pooled pair fit)")
+        an.notes.append(PCIE_NOTE + " (the link type's bandwidth is the pooled pair fit)")
     elif pcie:
         an.classes.append(LinkClass("pcie", "pcie", pcie, pooled(pcie), [round(pairs[k].bw_GBps, 3) for k in pcie],
                                     note=f"through PCIe and the host (at most {PCIE_MARGIN} x the GPU-host bandwidth); "
                                          "not given to the synthesizer"))
     _switch_or_mesh(an, meas, direct)
+
+
+PCIE_NOTE = ("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are the GPUs' "
+             "PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by several GPUs are not modelled")
 
 
 def _class_names(bws) -> list:

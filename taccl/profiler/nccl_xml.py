@@ -13,6 +13,10 @@ What is inferred:
 - PCIe switch groups: GPUs under the same top-level bridge below their CPU (that bridge's uplink is what
   they share); a GPU hanging directly off the CPU is a group of its own.
 - NICs: `net@speed` gives the port rate; the NIC's switch and NUMA node come from its place in the tree.
+- no NVLink in a dump (every GPU has its `<gpu>` element, which NCCL writes with the NVLinks it found; a
+  hand-written file may leave both out): the GPUs talk over PCIe, one switch of link type `pcie` at the
+  slowest GPU's PCIe link as NCCL rates it (`link_width` x per-lane rate of `link_speed` / 80 GB/s, its
+  `kvDictPciGen`: 24 GB/s for Gen4 x16).
 Costs are nominal: NCCL's own per-link NVLink bandwidths by SM version (src/graph/topo.h, via
 shared/docs/reference-numbers.md 1.8), alpha 0.7 us.
 """
@@ -22,12 +26,16 @@ import xml.etree.ElementTree as ET
 
 from ..errors import UserError
 from ..fileio import read_text
-from .writer import NodeFacts
+from .analyze import PCIE_NOTE
+from .writer import NodeFacts, nominal_pcie_class
 
 # NCCL topo.h per-link NVLink bandwidth (GB/s) by SM major*10+minor (reference-numbers.md 1.8).
 NCCL_NVLINK_GBPS = {60: 18.0, 70: 20.0, 80: 20.0, 86: 12.0, 90: 20.6, 100: 40.1}
 NVLINK_ALPHA_US = 0.7
 NVSWITCH_CLASS = "0x068000"
+# NCCL's per-lane PCIe rate by link speed, in 100 Mb/s (src/graph/topo.cc kvDictPciGen; kernels up to 5.6 omit
+# the ".0" and " PCIe")
+PCI_LANE_RATE = {"2.5": 15, "5": 30, "8": 60, "16": 120, "32": 240, "64": 480}
 
 
 def _is(cls: str, prefix: str) -> bool:
@@ -39,6 +47,14 @@ def _link_bw(sm: int | None) -> float:
         return 20.0
     best = max((k for k in NCCL_NVLINK_GBPS if k <= sm), default=60)
     return NCCL_NVLINK_GBPS[best]
+
+
+def _pci_GBps(speed: str | None, width: str | None) -> float | None:
+    """A PCIe link's bandwidth as NCCL rates it ("16.0 GT/s PCIe", "16" -> 24.0 GB/s), None if unreadable."""
+    lane = PCI_LANE_RATE.get((speed or "").split(" ")[0].removesuffix(".0"))
+    if lane is None or not (width or "").isdigit() or int(width) < 1:
+        return None
+    return int(width) * lane / 80
 
 
 def parse_text(text: str, *, path: str | None = None) -> NodeFacts:
@@ -59,7 +75,8 @@ def parse_text(text: str, *, path: str | None = None) -> NodeFacts:
                     bridge = ch.get("busid")
                 gpu_el = ch.find("gpu")
                 if gpu_el is not None or _is(cls, "0x0302") or _is(cls, "0x0300"):
-                    g = {"busid": ch.get("busid", "").lower(), "numa": numa, "group": bridge, "el": gpu_el}
+                    g = {"busid": ch.get("busid", "").lower(), "numa": numa, "group": bridge, "el": gpu_el,
+                         "pci_GBps": _pci_GBps(ch.get("link_speed"), ch.get("link_width"))}
                     gpus.append(g)
                 nic_el = ch.find("nic")
                 if nic_el is not None or _is(cls, "0x0207") or _is(cls, "0x0200"):
@@ -120,6 +137,10 @@ def parse_text(text: str, *, path: str | None = None) -> NodeFacts:
         pairs = sorted(p for p, c in direct.items() if c == k)
         f.classes.append({"name": f"nvlink_x{k}", "kind": "direct", "pairs": pairs, "alpha_us": NVLINK_ALPHA_US,
                           "bw_GBps": k * per_link, "note": f"nominal: {k} NVLinks x {per_link:g} GB/s (NCCL topo.h)"})
+    pci = [g["pci_GBps"] for g in gpus if g["pci_GBps"]]
+    if not f.classes and n > 1 and all(g["el"] is not None for g in gpus) and len(pci) == n:
+        f.classes.append(nominal_pcie_class(n, min(pci), "the GPUs' link_speed and link_width, rated as NCCL does"))
+        f.notes.append(PCIE_NOTE)
     if not f.classes:
         f.unmeasured.append({"what": "GPU-GPU links", "reason": "the NCCL topology file lists no NVLink "
                              "(hand-written files often leave them to NVML at run time)"})

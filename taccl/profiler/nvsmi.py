@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import re
 
-from ..costs import PCIE_LATENCY, PCIE_TYPE
 from ..errors import UserError
 from ..fileio import read_text
-from .writer import NodeFacts
+from .analyze import PCIE_NOTE
+from .writer import NodeFacts, nominal_pcie_class
 
 NVLINK_GBPS = 25.0
 NVLINK_ALPHA_US = 0.7
 PCIE_GBPS = 24.0
-PCIE_ALPHA_US = round(NVLINK_ALPHA_US * PCIE_LATENCY["Simple"], 3)
 PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "PSB")
 NEAR = ("PIX", "PXB")
 SAME_NUMA = ("PIX", "PXB", "PHB", "NODE")
@@ -125,13 +124,8 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
                               "bw_GBps": k * nvlink_GBps, "note": f"nominal: NV{k}, {k} x {nvlink_GBps:g} GB/s"})
     over_pcie = [(i, j) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j and rel(a, b) in PCIE_RELATIONS]
     if not nv and n > 1 and len(over_pcie) == n * (n - 1):
-        f.classes.append({"name": PCIE_TYPE, "kind": "switch", "pairs": over_pcie, "alpha_us": PCIE_ALPHA_US,
-                          "bw_GBps": pcie_GBps,
-                          "note": f"nominal: no NVLink, every GPU pair over PCIe ({pcie_GBps:g} GB/s a GPU's PCIe link "
-                                  f"and direction), a switch whose port is each GPU's PCIe link"})
-        f.notes.append("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are the "
-                       "GPUs' PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by several GPUs "
-                       "are not modelled; `taccl profile` on the node measures the bandwidth")
+        f.classes.append(nominal_pcie_class(n, pcie_GBps, "--pcie-gbps; measure it with taccl profile"))
+        f.notes.append(PCIE_NOTE)
     elif not nv:
         f.unmeasured.append({"what": "GPU-GPU links", "reason": "nvidia-smi shows no NVLink and not every GPU pair a "
                                                                 "PCIe relation"})

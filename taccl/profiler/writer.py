@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..costs import PCIE_TYPE
+from ..costs import PCIE_LATENCY, PCIE_TYPE
 from ..errors import UserError
 from .renumber import Renumbering, cuda_visible_devices, find_renumbering
 
@@ -38,6 +38,20 @@ class NodeFacts:
     compute_capability: int | None = None  # major * 10 + minor, the lowest of the node's GPUs (as NCCL takes it)
     sm_count: int | None = None  # streaming multiprocessors per GPU, the fewest
     mem_bw_GBps: float | None = None  # peak memory bandwidth per GPU, the lowest (the probe's `mem_GBps`)
+
+
+# A node without NVLink, from what it reports (`nvsmi`, `nccl_xml`): one switch of link type "pcie" whose
+# port is each GPU's PCIe link, as the probe's analysis makes it from measurements (`analyze._classify`). Its
+# nominal alpha: the sources' nominal NVLink alpha (0.7 us) scaled as NCCL's Simple per-step latency is for PCI.
+NOMINAL_PCIE_ALPHA_US = round(0.7 * PCIE_LATENCY["Simple"], 3)
+
+
+def nominal_pcie_class(n_gpus: int, bw_GBps: float, why: str) -> dict:
+    """The `NodeFacts.classes` entry of a PCIe-only node of `n_gpus` GPUs at a nominal rate (`why`: its source)."""
+    return {"name": PCIE_TYPE, "kind": "switch", "pairs": [(a, b) for a in range(n_gpus) for b in range(n_gpus) if a != b],
+            "alpha_us": NOMINAL_PCIE_ALPHA_US, "bw_GBps": bw_GBps,
+            "note": f"nominal: no NVLink, every GPU pair over PCIe at {bw_GBps:g} GB/s a GPU's link and direction "
+                    f"({why}), a switch whose port is each GPU's PCIe link"}
 
 
 def _lowest(values, kind=int):
