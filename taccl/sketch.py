@@ -106,6 +106,9 @@ def sketch_from_dict(doc: dict, *, path: str | None = None, name: str | None = N
             raise UserError(f"{len(pol)} switch_hyperedge_strategy entries for {len(sk.switches)} switches",
                             path=path, where="$.intranode_sketch.switch_hyperedge_strategy")
         sk.switch_policies = list(pol)
+    if "ring_direction" in intra and sk.intranode_strategy != "ring":
+        raise UserError(f"ring_direction applies to strategy 'ring', not {sk.intranode_strategy!r}", path=path,
+                        where="$.intranode_sketch.ring_direction")
     if sk.intranode_strategy == "ring":
         if not intra.get("ring"):
             raise UserError("strategy 'ring' needs the 'ring' order of local GPUs", path=path, where="$.intranode_sketch.ring")

@@ -162,6 +162,11 @@ BAD = [
      ["$.input_size", "7 bytes are less than a byte for each of the 16 chunks", "at least 16 bytes"]),
     ("name-a-path", variant(name="../../x"), ["bad.json: $.name: '../../x' is not a file name"]),
     ("solver-threads", variant(solver={"threads": 100000}), ["$.solver.threads", "greater than the maximum of 1024"]),
+    ("ring-direction-without-ring", variant(intranode_sketch={"strategy": "direct", "ring_direction": "forward"}),
+     ["$.intranode_sketch.ring_direction", "applies to strategy 'ring', not 'direct'"]),
+    ("ring-forward-allreduce", variant(collective="allreduce", intranode_sketch={
+        "strategy": "ring", "ring": [0, 1, 2, 3, 4, 5, 6, 7], "ring_direction": "forward"}),
+     ["$.intranode_sketch.ring_direction", "cannot hold for allreduce"]),
 ]
 
 
