@@ -29,6 +29,9 @@ from .fit import Fit, fit_alpha_bw, robust_ratio
 
 CLUSTER_GAP = 0.20  # a 20 % bandwidth gap between sorted pairs starts a new link class
 PCIE_MARGIN = 1.25  # a pair is "direct" when faster than this times the best host bandwidth
+# what a topology of a node without NVLink says of its model (also from the offline sources)
+PCIE_NOTE = ("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are the GPUs' "
+             "PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by several GPUs are not modelled")
 SHARED_RATIO = 0.80  # concurrent transfers keeping less than this of their alone bandwidth share something
 NEAR_LATENCY_MARGIN = 0.05  # loopback latency must differ by 5 % to name a nearest socket
 
@@ -247,10 +250,6 @@ def _classify(an: Analysis, meas) -> None:
                                     note=f"through PCIe and the host (at most {PCIE_MARGIN} x the GPU-host bandwidth); "
                                          "not given to the synthesizer"))
     _switch_or_mesh(an, meas, direct)
-
-
-PCIE_NOTE = ("no NVLink between any two GPUs: they talk over PCIe, modelled as a switch whose ports are the GPUs' "
-             "PCIe links; traffic between CPU sockets and PCIe switch uplinks shared by several GPUs are not modelled")
 
 
 def _class_names(bws) -> list:
