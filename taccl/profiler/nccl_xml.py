@@ -139,7 +139,8 @@ def parse_text(text: str, *, path: str | None = None) -> NodeFacts:
                           "bw_GBps": k * per_link, "note": f"nominal: {k} NVLinks x {per_link:g} GB/s (NCCL topo.h)"})
     pci = [g["pci_GBps"] for g in gpus if g["pci_GBps"]]
     if not f.classes and n > 1 and all(g["el"] is not None for g in gpus) and len(pci) == n:
-        f.classes.append(nominal_pcie_class(n, min(pci), "the GPUs' link_speed and link_width, rated as NCCL does"))
+        f.classes.append(nominal_pcie_class(n, min(pci), "the slowest GPU's link_speed and link_width, rated as "
+                                                        "NCCL does"))
         f.notes.append(PCIE_NOTE)
     if not f.classes:
         f.unmeasured.append({"what": "GPU-GPU links", "reason": "the NCCL topology file lists no NVLink "

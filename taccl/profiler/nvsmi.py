@@ -124,7 +124,10 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
                               "bw_GBps": k * nvlink_GBps, "note": f"nominal: NV{k}, {k} x {nvlink_GBps:g} GB/s"})
     over_pcie = [(i, j) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j and rel(a, b) in PCIE_RELATIONS]
     if not nv and n > 1 and len(over_pcie) == n * (n - 1):
-        f.classes.append(nominal_pcie_class(n, pcie_GBps, "--pcie-gbps; measure it with taccl profile"))
+        f.classes.append(nominal_pcie_class(n, pcie_GBps, "the rate is --pcie-gbps: nvidia-smi gives neither the "
+                                                    "PCIe generation nor whether P2P works, and where it does "
+                                                    "not (consumer cards) NCCL goes through host memory, "
+                                                    "slower; taccl profile measures it"))
         f.notes.append(PCIE_NOTE)
     elif not nv:
         f.unmeasured.append({"what": "GPU-GPU links", "reason": "nvidia-smi shows no NVLink and not every GPU pair a "

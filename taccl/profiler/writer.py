@@ -50,8 +50,8 @@ def nominal_pcie_class(n_gpus: int, bw_GBps: float, why: str) -> dict:
     """The `NodeFacts.classes` entry of a PCIe-only node of `n_gpus` GPUs at a nominal rate (`why`: its source)."""
     return {"name": PCIE_TYPE, "kind": "switch", "pairs": [(a, b) for a in range(n_gpus) for b in range(n_gpus) if a != b],
             "alpha_us": NOMINAL_PCIE_ALPHA_US, "bw_GBps": bw_GBps,
-            "note": f"nominal: no NVLink, every GPU pair over PCIe at {bw_GBps:g} GB/s a GPU's link and direction "
-                    f"({why}), a switch whose port is each GPU's PCIe link"}
+            "note": f"nominal: no NVLink, every GPU pair over PCIe, a switch whose port is each GPU's PCIe link at "
+                    f"{bw_GBps:g} GB/s a direction; {why}"}
 
 
 def _lowest(values, kind=int):
