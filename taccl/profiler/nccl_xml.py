@@ -27,11 +27,10 @@ import xml.etree.ElementTree as ET
 from ..errors import UserError
 from ..fileio import read_text
 from .analyze import PCIE_NOTE
-from .writer import NodeFacts, nominal_pcie_class
+from .writer import NOMINAL_NVLINK_ALPHA_US as NVLINK_ALPHA_US, NodeFacts, nominal_pcie_class
 
 # NCCL topo.h per-link NVLink bandwidth (GB/s) by SM major*10+minor (reference-numbers.md 1.8).
 NCCL_NVLINK_GBPS = {60: 18.0, 70: 20.0, 80: 20.0, 86: 12.0, 90: 20.6, 100: 40.1}
-NVLINK_ALPHA_US = 0.7
 NVSWITCH_CLASS = "0x068000"
 # NCCL's per-lane PCIe rate by link speed, in 100 Mb/s (src/graph/topo.cc kvDictPciGen; kernels up to 5.6 omit
 # the ".0" and " PCIe")

@@ -27,12 +27,10 @@ import re
 from ..errors import UserError
 from ..fileio import read_text
 from .analyze import PCIE_NOTE
-from .writer import NodeFacts, nominal_pcie_class
+from .writer import NOMINAL_NVLINK_ALPHA_US as NVLINK_ALPHA_US, NodeFacts, nominal_pcie_class
 
 NVLINK_GBPS = 25.0
-NVLINK_ALPHA_US = 0.7
 PCIE_GBPS = 24.0
-PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "PSB")
 NEAR = ("PIX", "PXB")
 SAME_NUMA = ("PIX", "PXB", "PHB", "NODE")
 _REL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|N/A)$")
@@ -122,8 +120,8 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
             pairs = sorted(p for p, c in nv.items() if c == k)
             f.classes.append({"name": f"nvlink_x{k}", "kind": "direct", "pairs": pairs, "alpha_us": NVLINK_ALPHA_US,
                               "bw_GBps": k * nvlink_GBps, "note": f"nominal: NV{k}, {k} x {nvlink_GBps:g} GB/s"})
-    over_pcie = [(i, j) for i, a in enumerate(gpus) for j, b in enumerate(gpus) if i != j and rel(a, b) in PCIE_RELATIONS]
-    if not nv and n > 1 and len(over_pcie) == n * (n - 1):
+    # without NV#, every pair's cell is a PCIe relation (PIX .. SYS) unless the matrix says N/A
+    if not nv and n > 1 and all(rel(a, b) != "N/A" for a in gpus for b in gpus):
         f.classes.append(nominal_pcie_class(n, pcie_GBps, "the rate is --pcie-gbps: nvidia-smi gives neither the "
                                                     "PCIe generation nor whether P2P works, and where it does "
                                                     "not (consumer cards) NCCL goes through host memory, "

@@ -40,10 +40,12 @@ class NodeFacts:
     mem_bw_GBps: float | None = None  # peak memory bandwidth per GPU, the lowest (the probe's `mem_GBps`)
 
 
-# A node without NVLink, from what it reports (`nvsmi`, `nccl_xml`): one switch of link type "pcie" whose
-# port is each GPU's PCIe link, as the probe's analysis makes it from measurements (`analyze._classify`). Its
-# nominal alpha: the sources' nominal NVLink alpha (0.7 us) scaled as NCCL's Simple per-step latency is for PCI.
-NOMINAL_PCIE_ALPHA_US = round(0.7 * PCIE_LATENCY["Simple"], 3)
+# The offline sources' (`nvsmi`, `nccl_xml`) nominal NVLink alpha: TE-CCL's, shared/docs/reference-numbers.md
+NOMINAL_NVLINK_ALPHA_US = 0.7
+# A node without NVLink, from what it reports: one switch of link type "pcie" whose port is each GPU's PCIe
+# link, as the probe's analysis makes it from measurements (`analyze._classify`). Its nominal alpha: the NVLink
+# one scaled as NCCL's Simple per-step latency is for PCI.
+NOMINAL_PCIE_ALPHA_US = round(NOMINAL_NVLINK_ALPHA_US * PCIE_LATENCY["Simple"], 3)
 
 
 def nominal_pcie_class(n_gpus: int, bw_GBps: float, why: str) -> dict:
