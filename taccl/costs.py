@@ -24,15 +24,16 @@ NETWORK_TYPES = ("ib", "roce")
 
 H100_MEMORY_GBPS = 3352  # the H100 SXM's HBM3 bandwidth, the denominator of GENERATIONS' "hbm"
 # generation / Hopper ratios of NCCL 2.30's tuning constants (perChMaxTreeBws, perChMaxRingLL128Bws, llMaxBws,
-# one node) and of HBM bandwidth (GB/s); SMs per GPU (the data sheets' SXM parts)
+# one node) and of HBM bandwidth (GB/s); SMs per GPU: the data sheets' SXM parts ("part", of compute capability
+# "cc"), which other GPUs of the generation do not share (A30: 8.0 and 56 SMs; H100 PCIe: 9.0 and 114)
 GENERATIONS = {
     "volta": {"simple": 26.5 / 38.7, "ll128": 20.0 / 36.7, "ll": 39.0 / 141.0,
-               "hbm": 900 / H100_MEMORY_GBPS, "sms": 80},
+               "hbm": 900 / H100_MEMORY_GBPS, "sms": 80, "part": "V100 SXM2", "cc": 70},
     "ampere": {"simple": 24.0 / 38.7, "ll128": 20.0 / 36.7, "ll": 87.7 / 141.0,
-                "hbm": 2039 / H100_MEMORY_GBPS, "sms": 108},
-    "hopper": {"simple": 1.0, "ll128": 1.0, "ll": 1.0, "hbm": 1.0, "sms": 132},
+                "hbm": 2039 / H100_MEMORY_GBPS, "sms": 108, "part": "A100 SXM", "cc": 80},
+    "hopper": {"simple": 1.0, "ll128": 1.0, "ll": 1.0, "hbm": 1.0, "sms": 132, "part": "H100 SXM", "cc": 90},
     "blackwell": {"simple": 70.0 / 38.7, "ll128": 40.0 / 36.7, "ll": 282.0 / 141.0, "hbm": 8000 / H100_MEMORY_GBPS,
-                  "sms": 148},
+                  "sms": 148, "part": "B200", "cc": 100},
 }
 # NCCL's ring latency per step over the network (tuning.cc hwLat NET, us) and the data share of the wire
 NETWORK = {"Simple": (14.0, 1.0), "LL128": (4.0, 0.92), "LL": (2.7, 0.5)}
@@ -110,9 +111,6 @@ class Derivation:
             c["tb_bw_GBps"] = min(c["tb_bw_GBps"], c["bw_GBps"])
         return out
 
-    @staticmethod
-    def default_sms(gen: str) -> int:
-        return GENERATIONS[gen]["sms"]
 
     def runtime(self, gen: str, sm_count: int | None = None, mem_bw_GBps: float | None = None) -> dict:
         """The runtime block for generation `gen`; one block's on-GPU bandwidth scaled by the GPU's memory

@@ -68,7 +68,17 @@ def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, c
     assert json.loads(capsys.readouterr().out)["calibration"]["generation"] == "ampere"
     assert main(["profile", "--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline",
                  "--out", str(out), "--compute-capability", "90", "-q"]) == 0
-    assert json.loads(out.read_text())["measurements"]["calibration"]["generation"] == "hopper"
+    topo = json.loads(out.read_text())
+    assert topo["measurements"]["calibration"]["generation"] == "hopper" and topo["runtime"]["sm_count"] == 132
+    assert {u["what"] for u in topo["measurements"]["unmeasured"]} >= {"SM count", "memory bandwidth"}
+    # the SM count and memory bandwidth given: no data sheet's (an H100 PCIe's 114 SMs and 2000 GB/s)
+    assert main(["profile", "--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline",
+                 "--out", str(out), "--compute-capability", "90", "--sm-count", "114", "--memory-gbps", "2000",
+                 "-q"]) == 0
+    spec = load_spec(str(out))
+    assert spec.sm_count == 114 and spec.local_bw_GBps < load_spec("dgx-h100").local_bw_GBps
+    assert not {u["what"] for u in json.loads(out.read_text())["measurements"]["unmeasured"]} & {"SM count",
+                                                                                                 "memory bandwidth"}
     for bad in ("9.05", "abc", "2", "9."):
         with pytest.raises(SystemExit) as exc:
             main(["profile", "--analyze", str(DATA / "samples-ndv2-quick.json"), "--out", str(tmp_path / "x.json"),
@@ -88,6 +98,13 @@ def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, c
      "--pcie-gbps: must be a positive bandwidth"),
     (["--analyze", "{negative}"], "$.measurements[0].samples: expected samples as a list of [bytes, microseconds] "
                                   "pairs, both positive"),
+    (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline", "--sm-count", "0"],
+     "--sm-count: must be a number of SMs from 1 to 1024"),
+    (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline", "--memory-gbps", "-1"],
+     "--memory-gbps: must be a positive bandwidth"),
+    # PCIe cards of compute capability 8.9 have 58 to 142 SMs: a guess could give programs that hang
+    (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt"), "--offline", "--compute-capability",
+      "8.9"], "--sm-count: the GPUs' SM count is not known (no NVLink: a PCIe card"),
 ])
 def test_bad_input_exit_2(argv, msg, tmp_path, capsys):
     doc = json.loads((DATA / "samples-ndv2-quick.json").read_text())

@@ -82,9 +82,15 @@ def test_pcie_only_systems():
     l40s = nvsmi.parse(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt")
     assert l40s.pcie_groups is None and l40s.gpu_numa == [0] * 4 + [1] * 4
     l40s.compute_capability = 89
+    # compute capability 8.9 spans GPUs of 58 to 142 SMs: no count is guessed (too many thread blocks hang)
+    with pytest.raises(UserError, match="--sm-count: the GPUs' SM count is not known"):
+        topo_of(l40s)
+    l40s.sm_count, l40s.mem_bw_GBps = 142, 864.0
     doc, _ = topo_of(l40s)
     pcie = doc["link_types"]["pcie"]["protocols"]  # derived: NCCL's PCI per-step latencies, no LL128 allowed
     assert pcie["Simple"]["alpha_us"] > pcie["LL"]["alpha_us"] and doc["runtime"]["protocols"] == ["Simple", "LL"]
+    assert doc["runtime"]["sm_count"] == 142 and doc["runtime"]["local_bw_GBps"] < 200  # GDDR6, not HBM
+    assert not any(u["what"] in ("SM count", "memory bandwidth") for u in doc["measurements"]["unmeasured"])
     # a pair without a PCIe relation (N/A): no link is invented
     text = "        GPU0    GPU1    GPU2\nGPU0     X      PIX     N/A\nGPU1    PIX      X      PIX\nGPU2    N/A     PIX      X\n"
     f = nvsmi.parse_text(text, path="t.txt")
@@ -165,7 +171,11 @@ def test_nccl_dump_of_a_pcie_only_node():
     (c,) = f.classes
     assert (c["name"], c["kind"], c["bw_GBps"], len(c["pairs"])) == ("pcie", "switch", 12.0, 12)
     assert f.compute_capability == 89 and f.pcie_groups == [[0, 1], [2, 3]]
+    with pytest.raises(UserError, match="--sm-count"):  # 8.9: from 58 SMs (L4) to 142 (L40S)
+        topo_of(f)
+    f.sm_count = 58
     doc, _ = topo_of(f)
+    assert doc["runtime"]["sm_count"] == 58
     assert doc["runtime"]["protocols"] == ["Simple", "LL"] and "Simple" in doc["link_types"]["pcie"]["protocols"]
     azure = nccl_xml.parse(DATA / "nccl" / "azure-ndv2-topo.xml")
     assert azure.classes == [] and any(u["what"] == "GPU-GPU links" for u in azure.unmeasured)

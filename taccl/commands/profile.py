@@ -19,6 +19,8 @@ from ..errors import UserError
 from ..fileio import check_output_file, write_json
 from ..progress import Reporter
 
+MAX_SM_COUNT = 1024  # well above any GPU's (B200: 148)
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure this node's links (or read nvidia-smi / NCCL topology "
@@ -48,6 +50,12 @@ def register(subparsers) -> None:
                    help="the GPUs' compute capability (e.g. 9.0 for H100), whose generation's calibrated costs the "
                         "topology gets (default: the probe's, or the NCCL topology XML's; nvidia-smi topo output "
                         "does not say it)")
+    p.add_argument("--sm-count", type=int, default=None, metavar="N",
+                   help="SMs per GPU, which bound a program's thread blocks a rank (default: the probe's; offline, the "
+                        "SXM part's for its compute capability on NVLink, else required)")
+    p.add_argument("--memory-gbps", type=float, default=None, metavar="GB/S",
+                   help="memory bandwidth per GPU, which scales local copies and reductions (default: the probe's, "
+                        "else the generation's SXM part's)")
     p.add_argument("--probe", metavar="PATH", help="probe binary (default: profiler/taccl-probe, $TACCL_PROBE)")
     p.add_argument("--timeout", type=float, default=20.0, help="per-probe watchdog in seconds (default 20)")
     p.add_argument("--peer", metavar="HOST:PORT", help="measure the inter-node link against a peer running "
@@ -106,9 +114,12 @@ def run(args) -> int:
         raise UserError("give --peer on one node and --listen on the other, not both", where="--peer")
     if args.peer and ":" not in args.peer:
         raise UserError(f"expected HOST:PORT, got {args.peer!r}", where="--peer")
-    for flag, value in (("--nvlink-gbps", args.nvlink_gbps), ("--pcie-gbps", args.pcie_gbps)):
-        if value is not None and not value > 0:
+    for flag, value in (("--nvlink-gbps", args.nvlink_gbps), ("--pcie-gbps", args.pcie_gbps),
+                        ("--memory-gbps", args.memory_gbps)):
+        if value is not None and not 0 < value < float("inf"):
             raise UserError(f"must be a positive bandwidth in GB/s, got {value}", where=flag)
+    if args.sm_count is not None and not 1 <= args.sm_count <= MAX_SM_COUNT:
+        raise UserError(f"must be a number of SMs from 1 to {MAX_SM_COUNT}, got {args.sm_count}", where="--sm-count")
     out = check_output_file(args.out, where="--out")
     samples_path = Path(args.samples) if args.samples else out.with_name(out.stem + ".samples.json")
     if not args.analyze and not args.offline:
@@ -137,6 +148,10 @@ def run(args) -> int:
         facts.name = args.name
     if args.compute_capability:
         facts.compute_capability = args.compute_capability
+    if args.sm_count:
+        facts.sm_count = args.sm_count
+    if args.memory_gbps:
+        facts.mem_bw_GBps = args.memory_gbps
     if facts.n_gpus < 1:
         reasons = "; ".join(f"{u['what']}: {u['reason']}" for u in facts.unmeasured) or "no GPU"
         return _nothing_written(args, f"no GPU was measured ({reasons})", samples_path, facts.unmeasured)

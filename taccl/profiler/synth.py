@@ -20,16 +20,16 @@ BIG = 64 << 20
 LAYOUTS = {
     "ndv2": dict(n=8, fabric="mesh", nv={2: 43.5, 1: 21.7}, nv_alpha=0.3, pcie_p2p=(9.0, 9.0),
                  host=(11.5, 8.0), groups=[[0, 1], [2, 3], [4, 5], [6, 7]], sockets=[0, 0, 0, 0, 1, 1, 1, 1],
-                 nics=1, nic_rate=100, net=(2.6, 9.5), sm=70, sms=80),
+                 nics=1, nic_rate=100, net=(2.6, 9.5), sm=70, sms=80, mem=900.0),
     "dgx-a100": dict(n=8, fabric="switch", sw=(230.0, 2.0), host=(24.0, 6.0),
                      groups=[[0, 1], [2, 3], [4, 5], [6, 7]], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8,
-                     nic_rate=200, net=(2.7, 23.0), sm=80, sms=108),
+                     nic_rate=200, net=(2.7, 23.0), sm=80, sms=108, mem=2039.0),
     # a PCIe-only server (8x L40S-class GPUs, no NVLink): GPU pairs at PCIe rates, two GPUs per PCIe switch
     "pcie": dict(n=8, fabric="pcie", sw=(21.0, 3.0), host=(25.0, 5.0), groups=[[0, 1], [2, 3], [4, 5], [6, 7]],
                  sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=2, nic_rate=200, net=(2.7, 23.0), sm=89, sms=142, mem=864.0),
     "h100": dict(n=8, fabric="switch", sw=(380.0, 2.0), host=(53.0, 5.0),
                  groups=[[g] for g in range(8)], sockets=[0, 0, 0, 0, 1, 1, 1, 1], nics=8, nic_rate=400,
-                 net=(2.7, 47.0), sm=90, sms=132),
+                 net=(2.7, 47.0), sm=90, sms=132, mem=3352.0),
 }
 
 

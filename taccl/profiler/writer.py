@@ -315,9 +315,9 @@ def to_topology(f: NodeFacts, *, reference=None, auto_reference: bool = True) ->
                         "nic_next_to_gpu0": ren.nic_next_to_gpu0, "notes": ren.notes,
                         "usage": "export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=" + doc["cuda_visible_devices"]}
     m["nics"] = [{k: v for k, v in n_.items()} for n_ in nics]
-    doc, calibration, gap = with_derived_costs(doc, f)
+    doc, calibration, gaps = with_derived_costs(doc, f)
     m["calibration"] = calibration
-    m["unmeasured"] = f.unmeasured + ([gap] if gap else [])
+    m["unmeasured"] = f.unmeasured + gaps
     m["notes"] = f.notes
     doc["measurements"] = m
     return doc, ren
@@ -325,33 +325,61 @@ def to_topology(f: NodeFacts, *, reference=None, auto_reference: bool = True) ->
 
 def with_derived_costs(doc: dict, f: NodeFacts) -> tuple:
     """(`doc` with calibrated costs derived for the GPU generation of `f`'s compute capability (`taccl.costs`),
-    what they were derived for, None), or, where that is unknown, (`doc` as it is, None, an entry for the list
-    of what was not measured). Without them the simulator has no per-step latency, per-block limit or call
-    cost, and grades every program below about 1 MiB several times too fast (docs/calibration.md)."""
-    from ..costs import NETWORK_SOURCE, NETWORK_TYPES, Derivation, derived_source, generation
+    what they were derived for, [entries for the list of what was not measured]), or, where the compute capability
+    is unknown, (`doc` as it is, None, [the gap]). Without them the simulator has no per-step latency, per-block
+    limit or call cost, and grades every program below about 1 MiB several times too fast (docs/calibration.md).
+
+    The SM count bounds the thread blocks a program may have on a rank (all must be resident at once, or the
+    program hangs), so it is never guessed below what the GPU may have: where neither the probe nor
+    ``--sm-count`` gives it, the generation's SXM part's is taken only for GPUs of that part's compute capability
+    on NVLink (said in the list); for any other GPU (PCIe cards, compute capabilities such as 8.9 that span GPUs
+    of 58 to 142 SMs) `UserError` asks for ``--sm-count``."""
+    from ..costs import (GENERATIONS, H100_MEMORY_GBPS, NETWORK_SOURCE, NETWORK_TYPES, Derivation, derived_source,
+                         generation)
 
     if not doc.get("links") and not doc.get("switches"):
-        return doc, None, None  # no link between GPUs: nothing a program could use (`taccl profile` writes nothing)
+        return doc, None, []  # no link between GPUs: nothing a program could use (`taccl profile` writes nothing)
     if f.compute_capability is None:
-        return doc, None, {"what": "calibrated costs", "reason": (
+        return doc, None, [{"what": "calibrated costs", "reason": (
             "the GPUs' compute capability is not known (the probe and NCCL's topology XML give it, nvidia-smi topo "
             "output does not); pass --compute-capability (e.g. 9.0 for H100) to derive per-step latencies, "
-            "per-block limits and call costs for that GPU generation")}
+            "per-block limits and call costs for that GPU generation")}]
     gen = generation(f.compute_capability)
-    sms = f"{f.sm_count} SMs (measured)" if f.sm_count else f"{Derivation.default_sms(gen)} SMs (the data sheet's)"
-    what = (f"compute capability {f.compute_capability / 10:.1f}, {sms}; the link bandwidths as measured (or "
+    part = GENERATIONS[gen]
+    cc = f"{f.compute_capability / 10:.1f}"
+    gaps = []
+    sm_count = f.sm_count
+    if sm_count is None:
+        nvlink = any(t != PCIE_TYPE and t not in NETWORK_TYPES for t in doc["link_types"])
+        if f.compute_capability != part["cc"] or not nvlink:
+            which = (f"compute capability {cc}, not the {part['part']}'s {part['cc'] / 10:.1f}" if nvlink else
+                     f"no NVLink: a PCIe card, not the {part['part']}")
+            raise UserError(f"the GPUs' SM count is not known ({which}, whose {part['sms']} SMs would be a guess); a "
+                            f"program with more thread blocks a rank than the GPU has SMs hangs: pass --sm-count (the "
+                            f"data sheet of the GPU that `nvidia-smi --query-gpu=name --format=csv` names)",
+                            where="--sm-count")
+        sm_count = part["sms"]
+        gaps.append({"what": "SM count", "reason": (
+            f"the {part['part']}'s {sm_count} (its data sheet), the GPU of compute capability {cc} with NVLink; a GPU "
+            f"with fewer SMs hangs on programs with more thread blocks a rank than it has: pass --sm-count")})
+    if f.mem_bw_GBps is None:
+        gaps.append({"what": "memory bandwidth", "reason": (
+            f"the {part['part']}'s {round(part['hbm'] * H100_MEMORY_GBPS)} GB/s (its data sheet) scales one "
+            f"thread block's local copies and reductions; pass --memory-gbps for another GPU")})
+    sms = f"{sm_count} SMs ({'given or measured' if f.sm_count else 'the data sheet'})"
+    what = (f"compute capability {cc}, {sms}; the link bandwidths as measured (or "
             f"nominal, as their notes say), scaled as the H100's measured 396 GB/s is")
     mesh = "switches" not in doc
     if mesh:
         what += "; a GPU's LL bandwidth split over its NVLinks by their bandwidth"
     if f.mem_bw_GBps:
-        what += f"; one block's on-GPU bandwidth scaled by the measured GPUs' {f.mem_bw_GBps:g} GB/s of memory"
-    out = Derivation().apply(doc, gen, mesh=mesh, sm_count=f.sm_count, mem_bw_GBps=f.mem_bw_GBps)
+        what += f"; one block's on-GPU bandwidth scaled by the GPUs' {f.mem_bw_GBps:g} GB/s of memory"
+    out = Derivation().apply(doc, gen, mesh=mesh, sm_count=sm_count, mem_bw_GBps=f.mem_bw_GBps)
     network = [NETWORK_SOURCE] if any(t in out["link_types"] for t in NETWORK_TYPES) else []
     out["sources"] = list(doc.get("sources", [])) + [derived_source(gen, what)] + network
     calibration = {"derived_from": "dgx-h100", "generation": gen, "compute_capability": f.compute_capability,
                    "sm_count": out["runtime"]["sm_count"]}
-    return out, calibration, None
+    return out, calibration, gaps
 
 
 def _r(v, nd=4):
