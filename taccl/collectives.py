@@ -277,7 +277,16 @@ def load_custom_collective(path, num_ranks: int) -> Collective:
     for c in sorted({c for c, _ in conds["postcondition"]} - starts)[:1]:
         needed = sorted(r for cc, r in conds["postcondition"] if cc == c)
         raise UserError(f"chunk {c} is needed on ranks {needed} but starts nowhere", path=p, where="$.precondition")
-    return custom_collective(str(doc.get("name", "custom")), R, C, conds["precondition"], conds["postcondition"])
+    if conds["postcondition"] <= conds["precondition"]:
+        raise UserError("nothing moves between ranks: every [chunk, rank] of the postcondition is in the precondition "
+                        "already (expected at least one chunk wanted on a rank it does not start on)", path=p,
+                        where="$.postcondition")
+    name = doc.get("name", "custom")
+    # the checker and the runtimes read a built-in name as that collective, not as these conditions
+    if not isinstance(name, str) or not name or canonical_name(name) in NAMES:
+        raise UserError(f"expected a name of its own, got {name!r} (the built-in collectives' names "
+                        f"{', '.join(NAMES)} mean those collectives)", path=p, where="$.name")
+    return custom_collective(name, R, C, conds["precondition"], conds["postcondition"])
 
 
 def custom_collective(name: str, num_ranks: int, chunks: int, precondition, postcondition) -> Collective:

@@ -86,6 +86,17 @@ def shortened(message: str) -> str:
     return message[:MESSAGE_MAX_CHARS] + f"... ({len(message)} characters)"
 
 
+def strict_validator(cls):
+    """The jsonschema validator class `cls` with "integer" meaning a whole number written as one: JSON Schema lets
+    2.0 pass as an integer, and code that counts with it (`range(2.0)`) then fails with a traceback."""
+    import jsonschema
+
+    def whole(_, instance) -> bool:
+        return isinstance(instance, int) and not isinstance(instance, bool)
+
+    return jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", whole))
+
+
 def validate(doc, schema_name: str, *, path: str | None = None) -> None:
     """Validate `doc` against `taccl/schemas/<schema_name>`; report the first (deepest) problem."""
     try:
@@ -95,7 +106,7 @@ def validate(doc, schema_name: str, *, path: str | None = None) -> None:
                          "pip install jsonschema") from exc
 
     schema = load_schema(schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = strict_validator(jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(doc), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         err = jsonschema.exceptions.best_match(errors)

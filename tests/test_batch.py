@@ -333,6 +333,19 @@ colectives: [allreduce]
     assert "Traceback" not in err and not out.exists()
 
 
+@pytest.mark.parametrize("text,needle", [
+    ("topology: ndv2\nnodes: [2.0]\ncollectives: [allgather]\n", "line 2: $.nodes[0]: 2.0 is not of type 'integer'"),
+    ("topology: ndv2\nnodes: [2]\ncollectives: [allgather]\ntopology: dgx2\n",
+     "line 4: key 'topology' given twice (lines 1 and 4)"),
+])
+def test_what_yaml_would_take_silently_or_crash_on_is_refused(tmp_path, capsys, text, needle):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + f"candidates:\n  - sketch: {SKETCH}\n")
+    assert main(["batch", str(bad), "--dry-run", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+
+
 def test_invalid_yaml_names_the_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("topology: ndv2\nnodes: [2\ncollectives: []\n")

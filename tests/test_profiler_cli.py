@@ -79,6 +79,11 @@ def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, c
     assert spec.sm_count == 114 and spec.local_bw_GBps < load_spec("dgx-h100").local_bw_GBps
     assert not {u["what"] for u in json.loads(out.read_text())["measurements"]["unmeasured"]} & {"SM count",
                                                                                                  "memory bandwidth"}
+    # no compute capability, so no costs: the SM count given still bounds the thread blocks (it was dropped)
+    assert main(["profile", "--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline",
+                 "--out", str(out), "--sm-count", "100", "-q"]) == 0
+    spec = load_spec(str(out))
+    assert spec.sm_count == 100 and spec.calibration_note() is not None
     for bad in ("9.05", "abc", "2", "9."):
         with pytest.raises(SystemExit) as exc:
             main(["profile", "--analyze", str(DATA / "samples-ndv2-quick.json"), "--out", str(tmp_path / "x.json"),
@@ -102,6 +107,8 @@ def test_the_compute_capability_given_or_read_sets_the_derived_costs(tmp_path, c
      "--sm-count: must be a number of SMs from 1 to 1024"),
     (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline", "--memory-gbps", "-1"],
      "--memory-gbps: must be a positive bandwidth"),
+    (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "dgx-h100-nv18.txt"), "--offline", "--memory-gbps", "2000"],
+     "--memory-gbps: the memory bandwidth scales the costs derived for the GPUs' generation"),  # was ignored
     # PCIe cards of compute capability 8.9 have 58 to 142 SMs: a guess could give programs that hang
     (["--from-nvidia-smi", str(DATA / "nvidia-smi" / "l40s-8gpu-pcie.txt"), "--offline", "--compute-capability",
       "8.9"], "--sm-count: the GPUs' SM count is not known (no NVLink: a PCIe card"),

@@ -101,7 +101,16 @@ def test_pcie_only_systems():
                                       ("        GPU0    GPU1\nGPU0     X      NV2\n", "rows missing"),
                                       ("        GPU0    GPU1\nGPU0     X      BOGUS\nGPU1 NV2 X\n",
                                        "column GPU1: 'BOGUS' is not a link kind"),
-                                      ("        GPU0    GPU1\nGPU0     X\nGPU1 NV2 X\n", "has 1 cells, expected one")])
+                                      ("        GPU0    GPU1\nGPU0     X\nGPU1 NV2 X\n", "has 1 cells, expected one"),
+                                      ("        GPU0    GPU1\nGPU0     X      NV0\nGPU1 NV0 X\n",
+                                       "'NV0' is not a link kind"),
+                                      ("        GPU0    GPU0\nGPU0     X      NV2\n", "names GPU0 more than once"),
+                                      ("        GPU0    GPU1\nGPU0     NV2      NV2\nGPU1 NV2 X\n",
+                                       "column GPU0: 'NV2'; expected X exactly where a device meets itself"),
+                                      ("        GPU0    GPU1\nGPU0     X      PIX\nGPU1 NV2 X\n",
+                                       "row GPU0, column GPU1: 'PIX', but row GPU1, column GPU0: 'NV2'"),
+                                      ("        GPU0    GPU1\nGPU0     X      NV2\nGPU1 NV2 X\nGPU1 NV2 X\n",
+                                       "a second row for GPU1")])
 def test_bad_nvidia_smi_text(text, msg):
     with pytest.raises(UserError, match=msg):
         nvsmi.parse_text(text, path="t.txt")

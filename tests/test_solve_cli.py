@@ -164,6 +164,9 @@ BAD = [
     ("solver-threads", variant(solver={"threads": 100000}), ["$.solver.threads", "greater than the maximum of 1024"]),
     ("ring-direction-without-ring", variant(intranode_sketch={"strategy": "direct", "ring_direction": "forward"}),
      ["$.intranode_sketch.ring_direction", "applies to strategy 'ring', not 'direct'"]),
+    # JSON Schema takes 2.0 for an integer; the code that counted with it raised a TypeError
+    ("integer-as-float", variant(nodes=2.0), ["bad.json: $.nodes: 2.0 is not of type 'integer'"]),
+    ("offset-as-float", variant(symmetry_offsets=[[8.0, 16]]), ["$.symmetry_offsets[0][0]: 8.0 is not of type"]),
     ("ring-forward-allreduce", variant(collective="allreduce", intranode_sketch={
         "strategy": "ring", "ring": [0, 1, 2, 3, 4, 5, 6, 7], "ring_direction": "forward"}),
      ["$.intranode_sketch.ring_direction", "cannot hold for allreduce"]),
@@ -640,14 +643,22 @@ def test_a_user_defined_collective_is_solved_lowered_and_written_for_legacy_mscc
     assert "runs only on legacy MSCCL" in capsys.readouterr().err and not (tmp_path / "l.xml").exists()
 
 
+R = 16  # the ranks of SKETCH (2x NDv2)
+
+
 @pytest.mark.parametrize("change,needle", [
     ({"num_ranks": "x"}, "$.num_ranks: expected the number of ranks (an integer), got 'x'"),  # was a traceback
     ({"chunks": 10 ** 12}, "$.chunks: expected a whole number of chunks from 1 to 1048576"),  # was a hang
     ({"precondition": [[c, c] for c in range(1, 16)]}, "$.precondition: chunk 0 is needed on ranks [8]"),
     ({"postcondition": 0}, "$.postcondition: expected a list of [chunk, rank] pairs, got 0"),  # was a traceback
+    # nothing to send: a lower bound of 0 was divided by (a traceback)
+    ({"postcondition": []}, "$.postcondition: nothing moves between ranks"),
+    ({"postcondition": [[c, c] for c in range(R)]}, "$.postcondition: nothing moves between ranks"),
+    # a built-in name was checked against the built-in collective's conditions, late and without the file
+    ({"name": "allgather"}, "$.name: expected a name of its own, got 'allgather'"),
+    ({"name": "AR"}, "$.name: expected a name of its own, got 'AR'"),
 ])
 def test_a_malformed_user_defined_collective_names_its_field(tmp_path, capsys, change, needle):
-    R = 16
     doc = {"name": "swap-nodes", "num_ranks": R, "chunks": R, "precondition": [[c, c] for c in range(R)],
            "postcondition": [[c, (c + 8) % R] for c in range(R)], **change}
     custom = tmp_path / "bad.json"

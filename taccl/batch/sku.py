@@ -34,7 +34,7 @@ import yaml
 from ..baselines import BASELINES
 from ..collectives import NAMES, canonical_name
 from ..errors import UserError
-from ..fileio import json_path, load_json, load_schema, shortened
+from ..fileio import json_path, load_json, load_schema, shortened, strict_validator
 from ..lowering import max_tbs_of
 from ..phases import highest_part
 from ..sketch import sketch_from_dict
@@ -143,7 +143,31 @@ def _parse(path: Path):
         raise UserError(f"invalid YAML: {getattr(exc, 'problem', None) or exc}", path=str(path), where=where) from None
     if not isinstance(doc, dict):
         raise UserError("expected a mapping (topology, nodes, collectives, candidates, ...) at the top", path=str(path))
+    repeat = _repeated_key(node)
+    if repeat:  # YAML keeps the last silently: the file would not say what runs
+        key, first, again = repeat
+        raise UserError(f"key {key!r} given twice (lines {first} and {again}); expected each key once",
+                        path=str(path), where=f"line {again}")
     return doc, _line_map(node) if node is not None else {}
+
+
+def _repeated_key(node):
+    """(key, first line, repeat's line) of the first key a mapping of the YAML node tree repeats, or None."""
+    if isinstance(node, yaml.MappingNode):
+        seen = {}
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value in seen:
+                return k.value, seen[k.value], k.start_mark.line + 1
+            seen[getattr(k, "value", None)] = k.start_mark.line + 1
+            found = _repeated_key(v)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            found = _repeated_key(v)
+            if found:
+                return found
+    return None
 
 
 def _canon_collective(name: str):
@@ -194,7 +218,7 @@ def _schema_problems(doc, problems: _Problems) -> None:
         at = tuple(err.absolute_path)
         return any(at[:len(b)] == b or (err.validator in ("anyOf", "oneOf") and b[:len(at)] == at) for b in bad)
 
-    validator = jsonschema.Draft7Validator(load_schema("sku.schema.json"))
+    validator = strict_validator(jsonschema.Draft7Validator)(load_schema("sku.schema.json"))
     errors = sorted((e for e in validator.iter_errors(doc) if not about_bad(e)),
                     key=lambda e: [str(p) for p in e.absolute_path])
     for err in errors:

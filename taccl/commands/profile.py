@@ -152,6 +152,9 @@ def run(args) -> int:
         facts.sm_count = args.sm_count
     if args.memory_gbps:
         facts.mem_bw_GBps = args.memory_gbps
+    if args.memory_gbps and facts.compute_capability is None:
+        raise UserError("the memory bandwidth scales the costs derived for the GPUs' generation, which needs their "
+                        "compute capability: pass --compute-capability too", where="--memory-gbps")
     if facts.n_gpus < 1:
         reasons = "; ".join(f"{u['what']}: {u['reason']}" for u in facts.unmeasured) or "no GPU"
         return _nothing_written(args, f"no GPU was measured ({reasons})", samples_path, facts.unmeasured)

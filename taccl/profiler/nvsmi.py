@@ -57,6 +57,10 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
     header = lines[header_i].split()
     cut = header.index("CPU") if "CPU" in header else len(header)
     devices = header[:cut]
+    twice = sorted({d for d in devices if devices.count(d) > 1})
+    if twice:
+        raise UserError(f"the header names {', '.join(twice)} more than once; expected each device once",
+                        path=path, where=f"line {header_i + 1}")
     legend = {}
     for l in lines:
         m = re.match(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$", l)
@@ -74,10 +78,15 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
             raise UserError(f"row {tok[0]} has {len(cells)} cells, expected one per device: {len(devices)} "
                             f"(X, NV#, PIX, PXB, PHB, NODE, SYS)", path=path, where=f"line {ln}")
         for col, c in zip(devices, cells):
-            if not _REL.match(c):
-                raise UserError(f"row {tok[0]}, column {col}: {c!r} is not a link kind; expected X, NV#, PIX, PXB, "
-                                f"PHB, NODE or SYS", path=path, where=f"line {ln}")
-        rows[tok[0]] = (cells, tok[1 + len(devices):])
+            if not _REL.match(c) or c == "NV0":
+                raise UserError(f"row {tok[0]}, column {col}: {c!r} is not a link kind; expected X, NV# (# NVLinks, "
+                                f"at least 1), PIX, PXB, PHB, NODE or SYS", path=path, where=f"line {ln}")
+            if (col == tok[0]) != (c == "X"):
+                raise UserError(f"row {tok[0]}, column {col}: {c!r}; expected X exactly where a device meets itself",
+                                path=path, where=f"line {ln}")
+        if tok[0] in rows:
+            raise UserError(f"a second row for {tok[0]}", path=path, where=f"line {ln}")
+        rows[tok[0]] = (cells, tok[1 + len(devices):], ln)
     gpus = [d for d in devices if re.match(r"^GPU\d+$", d)]
     nics = [d for d in devices if d not in gpus]
     if not gpus:
@@ -88,6 +97,11 @@ def parse_text(text: str, *, path: str | None = None, nvlink_GBps: float = NVLIN
     n = len(gpus)
     col = {d: i for i, d in enumerate(devices)}
     rel = lambda a, b: rows[a][0][col[b]]  # noqa: E731
+    for a in gpus:  # one link between two GPUs, seen from either end
+        for b in gpus:
+            if rel(a, b) != rel(b, a):
+                raise UserError(f"row {a}, column {b}: {rel(a, b)!r}, but row {b}, column {a}: {rel(b, a)!r}; "
+                                f"expected the same relation both ways", path=path, where=f"line {rows[a][2]}")
 
     f = NodeFacts(n_gpus=n, name="nvidia-smi-topo")
     f.sources.append(f"nvidia-smi topo -m output {path or '(text)'}: wiring and PCIe relations; costs nominal")

@@ -340,6 +340,8 @@ def with_derived_costs(doc: dict, f: NodeFacts) -> tuple:
     if not doc.get("links") and not doc.get("switches"):
         return doc, None, []  # no link between GPUs: nothing a program could use (`taccl profile` writes nothing)
     if f.compute_capability is None:
+        if f.sm_count:  # no costs, but the bound on a program's thread blocks a rank holds anyway
+            doc = {**doc, "runtime": {**doc.get("runtime", {}), "sm_count": f.sm_count}}
         return doc, None, [{"what": "calibrated costs", "reason": (
             "the GPUs' compute capability is not known (the probe and NCCL's topology XML give it, nvidia-smi topo "
             "output does not); pass --compute-capability (e.g. 9.0 for H100) to derive per-step latencies, "
