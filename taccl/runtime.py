@@ -192,6 +192,8 @@ class Runtime:
 
     def load(self, path) -> int:
         """Load and validate one XML file; returns its index. Raises UserError with a located message."""
+        if os.path.isdir(path):  # the runtime reads a directory as an empty file
+            raise UserError("is a directory, expected an XML file", path=str(path))
         if self._lib.tacclLoadFile(self._h, os.fsencode(str(path))) != 0:
             msg, p = self._error(), str(path)
             # The runtime's message already starts with "path:line: rank R tb T step S:".
@@ -435,8 +437,8 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
                   "wrong": None}
         if out.status == "deadlock":
             raise CheckFailed(out.message)
-        if out.status != "done":
-            raise UserError(out.message, path=str(path))
+        if out.status != "done":  # the runtime's message may name the file already
+            raise UserError(out.message, path=None if out.message.startswith(str(path)) else str(path))
         if check:
             wrong, first = count_wrong(out.outputs, reference(info.coll, dtype, op, inputs, root), dtype)
             report["checked"] = True

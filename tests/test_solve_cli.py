@@ -378,6 +378,19 @@ BAD_CALLS = [
     (["solve", "{t}/deep.json"], ["{t}/deep.json", "nested deeper"]),
     (["batch", "{t}/binary.yaml", "-o", "{t}/out"], ["{t}/binary.yaml", "not UTF-8 text"]),
     (["run", "{t}/ring.xml", "--size", "64T"], ["of buffers, more than", "this machine's memory", "--size"]),
+    # what a new user's run found naming an internal name, the wrong thing, or nothing
+    (["run", "{t}/ring.xml", "--timeout-ms", "0"], ["--timeout-ms", "at least 1 ms"]),
+    (["run", "{t}/ring.xml", "--tile-bytes", "-1"], ["--tile-bytes", "0 (the protocol's tile) or more"]),
+    (["run", "{t}/ring.xml", "--ranks", "0"], ["--ranks", "at least 1"]),
+    (["run", "{t}"], ["{t}: is a directory, expected an XML file"]),
+    (["baseline", "ring", "-t", "ndv2", "--chunkup", "0", "-o", "{t}/b.xml"], ["--chunkup", "at least 1"]),
+    (["baseline", "ring", "-t", "ndv2", "-n", "0", "-o", "{t}/b.xml"], ["--nodes", "at least 1"]),
+    # building it took 100 s and 2.4 GB before the offsets were found too large
+    (["baseline", "ring", "-t", "ndv2", "--chunkup", "10000", "-o", "{t}/b.xml"],
+     ["--chunkup", "80000 chunks a buffer", "32768 offsets"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "-n", "0"], ["--nodes", "at least 1"]),
+    (["simulate", "{t}/nogpus.xml", "-t", "ndv2"], ["{t}/nogpus.xml", "ngpus=0: expected at least one rank"]),
+    (["swap", "{t}/empty", "--into", "{t}/live"], ["{t}/empty", "no file: expected the new set's XML files"]),
 ]
 
 
@@ -392,6 +405,8 @@ def test_bad_calls_get_one_clear_message_before_any_work(tmp_path, capsys, argv,
     (tmp_path / "cnt.xml").write_text((tmp_path / "ring.xml").read_text().replace('cnt="1"', 'cnt="1000000"'))
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    (tmp_path / "nogpus.xml").write_text(re.sub(r'ngpus="\d+"', 'ngpus="0"', (tmp_path / "ring.xml").read_text()))
+    (tmp_path / "empty").mkdir()
     before = sorted(p.name for p in tmp_path.rglob("*"))
     rc = main([a.replace("{t}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err
@@ -685,3 +700,11 @@ def test_a_program_the_runtime_would_refuse_simulates_with_a_warning(tmp_path, c
     assert "1048576" in out
     assert (f"{nochannel}: warning: the MSCCL executor would refuse this program (nchannels=0 must be in 1..32"
             in err and f"`taccl check {nochannel}` lists them" in err), err
+
+
+def test_a_size_no_runtime_runs_the_program_at_is_noted(tmp_path, capsys):
+    # 1000 bytes over 16 chunks: synthesized and simulated there, but no runtime selects the program for it
+    assert main(["solve", SKETCH, "--size", "1000", "-o", str(tmp_path / "a"), "-q"]) == 0
+    assert "no runtime runs this program at 1000B" in capsys.readouterr().err
+    assert main(["solve", SKETCH, "--size", "1M", "-o", str(tmp_path / "b"), "-q"]) == 0
+    assert "no runtime runs" not in capsys.readouterr().err

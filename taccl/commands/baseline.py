@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from ..baselines import BASELINES, build, nccl_channel_instances
+from ..collectives import canonical_name
+from ..errors import UserError
 from ..fileio import check_output_file
 from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
+from ..lowering.emit import MAX_OFFSET
 from ..progress import warn
 from ..targets import add_target_argument, prepare_for_target, target_of_args
 from ..topology import load_topology
@@ -31,9 +34,19 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     check_output_file(args.output)
+    for flag, value in (("--nodes", args.nodes), ("--chunkup", args.chunkup)):
+        if value < 1:
+            raise UserError(f"must be at least 1, got {value}", where=flag)
     topo = load_topology(args.topology, args.nodes, where="--topology")
     target = target_of_args(args, topo.spec)
     coll = args.collective or BASELINES[args.name][0]
+    # a buffer of these collectives holds chunk-up chunks of every rank (each instance its own): past the offsets
+    # the runtimes store (int16) no program fits, which building one would take minutes and gigabytes to find
+    every_rank = canonical_name(coll) in ("allgather", "alltoall", "reducescatter")
+    per_buffer = args.chunkup * max(args.instances, 1) * (topo.num_ranks if every_rank else 1)
+    if per_buffer > MAX_OFFSET + 1:
+        raise UserError(f"{per_buffer} chunks a buffer (chunk-up x instances{' x ranks' if every_rank else ''}) "
+                        f"exceed the {MAX_OFFSET + 1} offsets the runtimes store (int16)", where="--chunkup")
     program = build(args.name, topo, coll, chunkup=args.chunkup, instances=args.instances, proto=args.proto,
                     max_tbs=args.max_tbs if args.max_tbs is not None else max_tbs_of(topo.spec), target=target.name,
                     report=warn)

@@ -39,9 +39,13 @@ def run(args) -> int:
 
     size = parse_size(args.size, where="--size")
     if args.ranks is not None and args.ranks < 1:
-        raise UserError(f"--ranks must be positive, got {args.ranks}")
+        raise UserError(f"must be at least 1, got {args.ranks}", where="--ranks")
     if args.seed < 0:
         raise UserError(f"must be 0 or more, got {args.seed}", where="--seed")
+    if args.timeout_ms is not None and args.timeout_ms < 1:
+        raise UserError(f"must be at least 1 ms, got {args.timeout_ms}", where="--timeout-ms")
+    if args.tile_bytes is not None and args.tile_bytes < 0:
+        raise UserError(f"must be 0 (the protocol's tile) or more, got {args.tile_bytes}", where="--tile-bytes")
     report = run_program(args.file, ranks=args.ranks, size=size, dtype=args.dtype, op=args.op,
                          inplace=True if args.inplace else None, check=args.check, backend=args.backend,
                          seed=args.seed, timeout_ms=args.timeout_ms, tile_bytes=args.tile_bytes, root=args.root,

@@ -29,7 +29,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def load_for(program, topology: str, nodes: int | None) -> Topology:
+def load_for(program, topology: str, nodes: int | None, path: str | None = None) -> Topology:
+    if program.ngpus < 1:  # no node count fits it (the checker's algo.ranks)
+        raise UserError(f"<algo> ngpus={program.ngpus}: expected at least one rank", path=path)
+    if nodes is not None and nodes < 1:
+        raise UserError(f"must be at least 1, got {nodes}", where="--nodes")
     spec = load_spec(topology, where="--topology")
     if nodes is None:
         if program.ngpus % spec.gpus_per_node:
@@ -59,7 +63,7 @@ def _warn_if_refused(path: str, program, dialect: str) -> None:
 def run(args) -> int:
     parsed = read_xml(args.file)
     program = parsed.program
-    topo = load_for(program, args.topology, args.nodes)
+    topo = load_for(program, args.topology, args.nodes, args.file)
     sizes = parse_size_range(args.sizes)
     with about_file(args.file):  # a program the simulator cannot make sense of
         sim = Simulator(program, topo, SimOptions(tiling=not args.no_tiling))

@@ -10,7 +10,8 @@ from ..fileio import check_output_dir, check_output_file, check_output_name, loa
 from ..progress import Reporter, peak_memory_mb
 from ..sketch import load_sketch
 from ..solver import MAX_THREADS, SOLVERS
-from ..targets import add_target_argument, check_custom_target, prepare_for_target, target_of_args
+from ..targets import (RANK_MULTIPLIED, add_target_argument, check_custom_target, prepare_for_target, selects_size,
+                       target_of_args)
 from ..units import SIZE_HELP, parse_size
 
 
@@ -152,6 +153,12 @@ def _lower(algo, target, report):
     if target.dialect == "executor":
         report("proving it for in-place calls (input and output aliased)")
     prepare_for_target(program, target, report=warn)
+    size = algo.input_size_bytes
+    if not selects_size(program.collective, program.ngpus, size, program.nchunksperloop, elem_bytes=1):
+        warn(f"note: no runtime runs this program at {format_size(size)}, the size it was synthesized and "
+             f"simulated for: a call's element count must be a multiple of its nchunksperloop, "
+             f"{program.nchunksperloop}" + (f", and of its {program.ngpus} ranks" if program.collective in
+                                          RANK_MULTIPLIED else "") + "; it runs at sizes that are")
     if program.inplace:
         report("the program also serves in-place calls (proven with input and output aliased)")
     # the schedule's time is the synthesizer's estimate; the written program's, on the calibrated simulator,

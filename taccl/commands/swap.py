@@ -37,11 +37,12 @@ def _files(paths) -> list:
         else:
             raise UserError("no such file or directory", path=str(p))
     if not out:
-        raise UserError("the new set holds no file", where="NEW")
+        raise UserError("no file: expected the new set's XML files", path=", ".join(map(str, paths)))
     names = [f.name for f in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise UserError(f"two files of the new set are named {dup[0]}: a directory holds one of each", where="NEW")
+        raise UserError(f"two files of the new set are named {dup[0]}: a directory holds one of each",
+                        path=", ".join(str(f) for f in out if f.name == dup[0]))
     return out
 
 

@@ -125,8 +125,9 @@ def merge_facts(base: NodeFacts | None, measured: NodeFacts | None) -> NodeFacts
     if base is None or measured is None:
         return measured or base
     if base.n_gpus != measured.n_gpus:
-        raise UserError(f"the base topology has {base.n_gpus} GPUs but the probe saw {measured.n_gpus}; "
-                        "run both on the same machine with the same CUDA_VISIBLE_DEVICES")
+        one, other = (f.sources[0] if f.sources else "one source" for f in (base, measured))
+        raise UserError(f"the sources disagree on the GPUs: {base.n_gpus} in {one}, {measured.n_gpus} in {other}; "
+                        f"take both on the same machine with the same CUDA_VISIBLE_DEVICES")
     out = NodeFacts(n_gpus=measured.n_gpus, name=measured.name)
     out.classes = measured.classes or base.classes
     if measured.classes and base.classes:
