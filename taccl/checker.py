@@ -407,7 +407,7 @@ def _check_rules(ctx: _Ctx, dialect: str, max_steps: int, max_tbs: int, sm_count
         for name, v in (("i_chunks", g.i_chunks), ("o_chunks", g.o_chunks), ("s_chunks", g.s_chunks)):
             if v < 0:
                 add(ERROR, "gpu.chunks", f"{name}={v} is negative", rank=r, line=g.line, fatal=True)
-        if coll in POSTCONDITION_COLLECTIVES or coll == "custom":
+        if (coll in POSTCONDITION_COLLECTIVES or coll == "custom") and p.nchunksperloop >= 1:  # else reported
             for name, v, m in (("i_chunks", g.i_chunks, m_in), ("o_chunks", g.o_chunks, m_out)):
                 if v == 0 or v * m == p.nchunksperloop:
                     continue

@@ -247,3 +247,10 @@ def test_claims_of_billions_of_ranks_or_chunks_are_refused_without_allocating_th
     assert any("no <gpu> for rank(s) 4, 5, 6" in f.message for f in found(ranks, "algo.ranks"))
     assert any("more than the 134,217,728 the proof can replay" in f.message for f in found(chunks, "gpu.chunks"))
     assert not ranks.ok and not chunks.ok
+
+
+def test_no_chunks_a_loop_is_one_error_not_one_per_buffer():
+    # the buffers' chunk counts follow from nchunksperloop: with 0 every rank's were reported "must be 0"
+    p = mutate(lambda p: setattr(p, "nchunksperloop", 0))
+    rep = check_program(p)
+    assert [f.rule for f in rep.findings if f.severity == "error"] == ["algo.nchunksperloop"]

@@ -708,3 +708,28 @@ def test_a_size_no_runtime_runs_the_program_at_is_noted(tmp_path, capsys):
     assert "no runtime runs this program at 1000B" in capsys.readouterr().err
     assert main(["solve", SKETCH, "--size", "1M", "-o", str(tmp_path / "b"), "-q"]) == 0
     assert "no runtime runs" not in capsys.readouterr().err
+
+
+def test_simulate_json_is_json_when_a_bandwidth_is_infinite(tmp_path, capsys):
+    # a program that moves nothing on an uncalibrated topology takes 0 us: its bandwidth is infinite, which
+    # JSON cannot hold (Python wrote Infinity, which JSON parsers refuse)
+    from taccl.baselines import build
+    from taccl.lowering import write_program
+    from taccl.topology import load_topology
+
+    raw = json.loads((ROOT / "topologies" / "ndv2.json").read_text())
+    raw.pop("runtime", None)
+    for lt in raw["link_types"].values():
+        lt.pop("protocols", None)
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    write_program(build("ring", load_topology("ndv2", 1), "allgather"), tmp_path / "ring.xml")
+    text = re.sub(r"<gpu .*</gpu>\s*", "", (tmp_path / "ring.xml").read_text(), flags=re.S)
+    (tmp_path / "empty.xml").write_text(text)
+    assert main(["simulate", str(tmp_path / "empty.xml"), "-t", str(tmp_path / "raw.json"), "--sizes", "1M",
+                 "--json"]) == 0
+
+    def refuse(name):
+        raise ValueError(name)
+
+    (row,) = json.loads(capsys.readouterr().out, parse_constant=refuse)["results"]
+    assert row["time_us"] == 0 and row["algbw_GBps"] is None

@@ -6,6 +6,7 @@ each time, or JSON with ``--json``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from ..bounds import lower_bound
@@ -60,6 +61,12 @@ def _warn_if_refused(path: str, program, dialect: str) -> None:
           f"them", file=sys.stderr)
 
 
+def _json_numbers(row: dict) -> dict:
+    """`row` with its infinite or NaN numbers as null: JSON has no Infinity (a program that moves nothing has an
+    infinite bandwidth)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
 def run(args) -> int:
     parsed = read_xml(args.file)
     program = parsed.program
@@ -85,7 +92,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"file": args.file, "topology": topo.name, "nodes": topo.nodes, "collective": coll,
                           "proto": str(program.proto), "uncalibrated": uncalibrated,
-                          "results": [dict(r.to_dict(), lower_bound_us=lb) for r, lb in rows]}, indent=1))
+                          "results": [_json_numbers(dict(r.to_dict(), lower_bound_us=lb)) for r, lb in rows]},
+                         indent=1, allow_nan=False))
         return 0
     print(f"# {args.file}: {coll} on {topo.name} x{topo.nodes} ({program.ngpus} ranks), proto {program.proto}, "
           f"tiling {'off' if args.no_tiling else 'on'}")
