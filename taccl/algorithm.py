@@ -104,6 +104,9 @@ class Algorithm:
         for key in ("collective", "topology"):
             if not isinstance(doc.get(key), dict):
                 raise UserError(f"expected an object, got {doc.get(key)!r}", path=path, where=f"$.{key}")
+        malformed = _first_malformed(doc)  # before converting: int("2") would take a string for a number
+        if malformed:
+            raise UserError(malformed[1], path=path, where=malformed[0])
         try:
             transfers = [Transfer(id=int(t["id"]), chunks=tuple(int(c) for c in t["chunks"]), src=int(t["src"]),
                                   dst=int(t["dst"]), op=str(t["op"]), send_us=float(t["send_us"]),
@@ -155,6 +158,11 @@ class Algorithm:
 _HEADER_FIELDS = (("name", str, "a string"), ("input_size_bytes", int, "a positive integer (bytes)"),
                   ("chunk_bytes", float, "a positive number (bytes)"), ("time_us", float, "a number (us)"),
                   ("transfers", list, "a list of transfers"))
+# and the optional ones: (key, type, what is expected); None is allowed where the type is (type, None)
+_OPTIONAL_FIELDS = (("lower_bound_us", float, "a number (us)"), ("lower_bounds", dict, "an object"),
+                    ("stages", list, "a list"), ("notes", list, "a list"), ("protocol", str, "Simple, LL128 or LL"),
+                    ("instances", int, "an integer"), ("call_us", float, "a number (us)"),
+                    ("block_steps", (int, None), "an integer or null"))
 _TRANSFER_FIELDS = (("id", int, "an integer"), ("chunks", list, "a list of chunk indices"), ("src", int, "a rank"),
                     ("dst", int, "a rank"), ("op", str, "\"copy\" or \"reduce\""), ("send_us", float, "a number (us)"),
                     ("arrive_us", float, "a number (us)"))
@@ -169,6 +177,30 @@ def _malformed(value, kind) -> bool:
     return not isinstance(value, kind)
 
 
+_NUMBER = (int, float)
+
+
+def _well_formed_transfer(t) -> bool:
+    """The common case of `_first_malformed`'s test of one transfer, quickly (a file may hold 500,000): every
+    field of the type it needs (`type(x) is int` also keeps JSON's true and false out)."""
+    if type(t) is not dict:
+        return False
+    get = t.get
+    if not (type(get("id")) is int and type(get("src")) is int and type(get("dst")) is int
+            and type(get("op")) is str and type(get("send_us")) in _NUMBER and type(get("arrive_us")) in _NUMBER
+            and type(get("chunks")) is list):
+        return False
+    for key in ("chunks", "deps", "after", "exchange"):
+        ids = get(key)
+        if ids is not None:
+            if type(ids) is not list:
+                return False
+            for x in ids:
+                if type(x) is not int:
+                    return False
+    return True
+
+
 def _first_malformed(doc: dict):
     """(JSON path, message) of the first field `from_json` cannot convert, or None: an error names the field
     instead of the Python exception."""
@@ -177,7 +209,13 @@ def _first_malformed(doc: dict):
             return f"$.{key}", f"missing; expected {expected}"
         if _malformed(doc[key], kind):
             return f"$.{key}", f"expected {expected}, got {doc[key]!r}"
+    for key, kind, expected in _OPTIONAL_FIELDS:
+        nullable = isinstance(kind, tuple)
+        if key in doc and not (nullable and doc[key] is None) and _malformed(doc[key], kind[0] if nullable else kind):
+            return f"$.{key}", f"expected {expected}, got {doc[key]!r}"
     for i, t in enumerate(doc["transfers"]):
+        if _well_formed_transfer(t):
+            continue
         if not isinstance(t, dict):
             return f"$.transfers[{i}]", f"expected a transfer (an object), got {t!r}"
         for key, kind, expected in _TRANSFER_FIELDS:

@@ -497,6 +497,12 @@ def test_lower_names_the_algorithm_file_whose_transfers_are_wrong(tmp_path, caps
     (("time_us",), -1, "$.time_us: expected a time of at least 0 (us), got -1.0"),
     (("block_steps",), 7, "$.block_steps: block_steps must be a multiple of 8 from 8 to 64"),
     (("instances",), 10000, "$.instances: instances must be from 1 to 32, got 10000"),
+    # reported at $ with a Python exception, or (strings of digits) taken silently
+    (("call_us",), "a", "$.call_us: expected a number (us), got 'a'"),
+    (("notes",), 5, "$.notes: expected a list, got 5"),
+    (("instances",), "2", "$.instances: expected an integer, got '2'"),
+    (("transfers", 0, "src"), "0", "$.transfers[0].src: expected a rank, got '0'"),
+    (("transfers", 0, "dst"), 1.5, "$.transfers[0].dst: expected a rank, got 1.5"),
 ])
 def test_lower_names_the_field_of_a_malformed_algorithm_header(tmp_path, capsys, field, value, needle):
     """What a field-by-field fuzz of the algorithm file found: these once ended in a traceback or the OOM
