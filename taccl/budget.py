@@ -136,4 +136,6 @@ def check_baseline_memory(name: str, topology, collective_name: str, instances: 
 def gib(nbytes: int) -> str:
     if nbytes >= 1 << 30:
         return f"{nbytes / (1 << 30):.1f} GiB"
-    return f"{nbytes / (1 << 20):.0f} MiB"
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.0f} MiB"
+    return f"{nbytes / (1 << 10):.0f} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"

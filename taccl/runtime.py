@@ -420,6 +420,9 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
         info = rt.info(idx)
         if ranks is not None and ranks != info.ngpus:
             raise UserError(f"the program is written for {info.ngpus} ranks, not {ranks}", path=str(path))
+        if root and info.coll not in ("broadcast", "reduce", "gather", "scatter"):
+            raise UserError(f"root {root} given, but {info.coll} has no root (broadcast, reduce, gather and "
+                            f"scatter do)", path=str(path))
         R = info.ngpus
         if inplace is None:
             inplace = not info.outofplace

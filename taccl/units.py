@@ -7,6 +7,7 @@ decimal size is written in bytes (`1000000`). Printed sizes use KiB / MiB / GiB,
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from .errors import UserError
 
@@ -34,8 +35,8 @@ def parse_size(text, *, path: str | None = None, where: str | None = None) -> in
     number, prefix, binary, unit = m.groups()
     if binary and not prefix:
         raise UserError(f"expected a size such as 1M, 64KiB or 1GB, got {text!r}", path=path, where=where)
-    value = float(number) * 1024 ** _POWERS[prefix.lower()]
-    if value != int(value):
+    value = Fraction(number) * 1024 ** _POWERS[prefix.lower()]  # exact: a float rounds 23-digit sizes
+    if value.denominator != 1:
         raise UserError(f"size {text!r} is not a whole number of bytes", path=path, where=where)
     return int(value)
 
@@ -60,7 +61,11 @@ def parse_size_range(text: str, *, where: str = "--sizes") -> list[int]:
             sizes.append(s)
             s *= factor
         return sizes
-    sizes = [parse_size(p, where=where) for p in text.split(",") if p.strip()]
+    items = text.split(",")
+    if len(items) > 1 and not all(p.strip() for p in items):
+        raise UserError(f"an empty item in the list {text!r}; expected sizes separated by single commas",
+                        where=where)
+    sizes = [parse_size(p, where=where) for p in items if p.strip()]
     if not sizes or min(sizes) <= 0:
         raise UserError(f"expected sizes of at least one byte, such as 1K:1G or 1K,4K,1M, got {text!r}", where=where)
     return sizes

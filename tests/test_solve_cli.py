@@ -161,6 +161,7 @@ BAD = [
     ("size-below-chunks", variant(input_size=7),
      ["$.input_size", "7 bytes are less than a byte for each of the 16 chunks", "at least 16 bytes"]),
     ("name-a-path", variant(name="../../x"), ["bad.json: $.name: '../../x' is not a file name"]),
+    ("name-empty", variant(name=""), ["bad.json: $.name: '' should be non-empty"]),  # fell back to the file's
     ("solver-threads", variant(solver={"threads": 100000}), ["$.solver.threads", "greater than the maximum of 1024"]),
     ("ring-direction-without-ring", variant(intranode_sketch={"strategy": "direct", "ring_direction": "forward"}),
      ["$.intranode_sketch.ring_direction", "applies to strategy 'ring', not 'direct'"]),
@@ -368,7 +369,8 @@ BAD_CALLS = [
     (["baseline", "ring", "-t", "ndv2", "-o", "{t}/afile/x.xml"], ["{t}/afile/x.xml", "cannot be made"]),
     (["profile", "--from-nvidia-smi", "{t}/afile", "--offline", "-o", "{t}/afile/t.json"], ["--out", "is a file"]),
     (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", "1K:1G:0.5"], ["--sizes", "a whole FACTOR >= 2"]),
-    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", ","], ["--sizes", "at least one byte"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", ","], ["--sizes", "an empty item in the list ','"]),
+    (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", "1K,,2K"], ["--sizes", "an empty item"]),  # was skipped
     (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", ""], ["--sizes", "at least one byte"]),
     (["simulate", "{t}/ring.xml", "-t", "ndv2", "--sizes", "0"], ["--sizes", "at least one byte"]),
     (["run", "{t}/ring.xml", "--seed", "-1"], ["--seed", "0 or more"]),
@@ -383,6 +385,9 @@ BAD_CALLS = [
     (["run", "{t}/ring.xml", "--tile-bytes", "-1"], ["--tile-bytes", "0 (the protocol's tile) or more"]),
     (["run", "{t}/ring.xml", "--ranks", "0"], ["--ranks", "at least 1"]),
     (["run", "{t}"], ["{t}: is a directory, expected an XML file"]),
+    (["run", "{t}/ring.xml", "--root", "9"], ["{t}/ring.xml", "root 9 given, but allgather has no root"]),
+    (["profile", "--reference", "ndv2", "--no-reference", "--from-nvidia-smi", "{t}/afile", "--offline"],
+     ["--reference", "not both"]),
     (["baseline", "ring", "-t", "ndv2", "--chunkup", "0", "-o", "{t}/b.xml"], ["--chunkup", "at least 1"]),
     (["baseline", "ring", "-t", "ndv2", "-n", "0", "-o", "{t}/b.xml"], ["--nodes", "at least 1"]),
     # building it took 100 s and 2.4 GB before the offsets were found too large
@@ -739,3 +744,12 @@ def test_simulate_json_is_json_when_a_bandwidth_is_infinite(tmp_path, capsys):
 
     (row,) = json.loads(capsys.readouterr().out, parse_constant=refuse)["results"]
     assert row["time_us"] == 0 and row["algbw_GBps"] is None
+
+
+def test_sizes_are_parsed_exactly():
+    from taccl.budget import gib
+    from taccl.units import parse_size
+
+    assert parse_size("99999999999999999999999") == 99999999999999999999999  # read through a float, it changed
+    assert parse_size("1.5K") == 1536 and parse_size("64KiB") == 65536
+    assert gib(1024) == "1 KiB" and gib(3 << 20) == "3 MiB"  # a 1 KiB limit was "the 0 MiB of --max-memory"

@@ -110,6 +110,8 @@ def run(args) -> int:
     rep = Reporter(quiet=args.quiet or args.json)
     if args.offline and not (args.from_nvidia_smi or args.from_nccl_xml):
         raise UserError("--offline needs --from-nvidia-smi or --from-nccl-xml", where="--offline")
+    if args.reference and args.no_reference:
+        raise UserError("give --reference or --no-reference, not both", where="--reference")
     if args.peer and args.listen:
         raise UserError("give --peer on one node and --listen on the other, not both", where="--peer")
     if args.peer and ":" not in args.peer:
