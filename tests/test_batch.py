@@ -29,8 +29,12 @@ def rows(outdir):
 
 
 def sku_file(tmp_path, extra: str = "", name: str = "sku.yaml") -> Path:
-    """The small SKU, with absolute sketch paths, plus `extra` top-level YAML."""
-    text = SMALL.read_text().replace("../../../sketches/", f"{ROOT / 'sketches'}/") + extra
+    """The small SKU, with absolute sketch paths, plus `extra` top-level YAML (a key it gives replaces the
+    small SKU's line: a key given twice is an error)."""
+    keys = {line.split(":")[0] for line in extra.splitlines() if line and not line[0].isspace()}
+    text = "".join(line for line in SMALL.read_text().splitlines(keepends=True)
+                   if line.split(":")[0] not in keys or line[0].isspace())
+    text = text.replace("../../../sketches/", f"{ROOT / 'sketches'}/") + extra
     path = tmp_path / name
     path.write_text(text)
     return path
