@@ -341,6 +341,13 @@ colectives: [allreduce]
     ("topology: ndv2\nnodes: [2.0]\ncollectives: [allgather]\n", "line 2: $.nodes[0]: 2.0 is not of type 'integer'"),
     ("topology: ndv2\nnodes: [2]\ncollectives: [allgather]\ntopology: dgx2\n",
      "line 4: key 'topology' given twice (lines 1 and 4)"),
+    # every job ran twice
+    ("topology: ndv2\nnodes: [2, 2]\ncollectives: [allgather]\n", "$.nodes[1]: 2 is listed already"),
+    ("topology: ndv2\nnodes: [2]\ncollectives: [allgather, all_gather]\n",
+     "$.collectives[1]: 'all_gather' is listed already (allgather)"),
+    # the default output directory, batch-<name>, escaped the working directory
+    ("name: ../../escape\ntopology: ndv2\nnodes: [2]\ncollectives: [allgather]\n",
+     "line 1: $.name: '../../escape' does not match"),
 ])
 def test_what_yaml_would_take_silently_or_crash_on_is_refused(tmp_path, capsys, text, needle):
     bad = tmp_path / "bad.yaml"
@@ -729,3 +736,12 @@ def test_rings_and_trees_are_also_built_on_all_of_nccls_channels(tmp_path):
     times = {i: simulate(build_protocols("ring", topo, "allgather", ["Simple"], instances=i)["Simple"], topo,
                          64 << 20).time_us for i in (4, 32)}
     assert times[32] < 0.3 * times[4] and abs(times[32] / 192.4 - 1) < 0.25  # NCCL measured 192.4 us
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--ray-address", "1.2.3.4:6379"], "--ray-address: a Ray cluster serves --executor ray only"),  # was ignored
+    (["--dry-run", "--prune"], "--prune: --dry-run runs and deletes nothing"),  # --prune was ignored
+])
+def test_batch_flags_that_would_do_nothing_are_refused(tmp_path, capsys, flags, needle):
+    assert main(["batch", str(sku_file(tmp_path)), "-o", str(tmp_path / "out")] + flags) == 2
+    assert needle in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -333,3 +333,22 @@ def test_swap_command_publishes_only_a_set_the_watching_jobs_would_take(sets, tm
         assert {p.name: p.read_bytes() for p in live.iterdir()} == before
     assert main(["swap", str(sets[2]), "--into", str(live), "-q"]) == 0
     assert {p.name: p.read_bytes() for p in live.iterdir()} == {p.name: p.read_bytes() for p in sets[2].iterdir()}
+
+
+def test_swap_keeps_what_is_not_the_set_and_follows_a_link(sets, tmp_path, capsys):
+    """The swap replaces the directory whole: a subdirectory there was deleted with it, silently; a link to
+    the directory was replaced by a plain one, so what resolved the link never saw the new set."""
+    from taccl.cli import main
+
+    live = tmp_path / "live"
+    (live / "backup").mkdir(parents=True)
+    (live / "backup" / "notes.txt").write_text("precious\n")
+    assert main(["swap", str(sets[0]), "--into", str(live)]) == 2
+    assert "holds 'backup', which is not a file" in capsys.readouterr().err
+    assert (live / "backup" / "notes.txt").read_text() == "precious\n"
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    assert main(["swap", str(sets[0]), "--into", str(link), "-q"]) == 0
+    assert link.is_symlink() and sorted(p.name for p in real.iterdir()) == sorted(p.name for p in sets[0].iterdir())
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no staging or old copy left behind

@@ -270,6 +270,11 @@ def load_sku(path) -> Sku:
             problems.add(("topology",), str(exc).split(": ", 1)[-1])
 
     nodes = tuple(n for _, n in _items(doc.get("nodes")))
+    seen = set()
+    for i, n in _items(doc.get("nodes")):
+        if n in seen:
+            problems.add(("nodes", i), f"{n} is listed already: each of its jobs would run twice")
+        seen.add(n)
     if spec is not None:
         for i, n in _items(doc.get("nodes")):
             if n > 1 and not spec.nics:
@@ -291,6 +296,8 @@ def load_sku(path) -> Sku:
                                              f"the root")
         elif canon not in collectives:
             collectives.append(canon)
+        else:
+            problems.add(("collectives", i), f"{c!r} is listed already ({canon}): each of its jobs would run twice")
 
     grid = tuple(sorted(set(_sizes(doc.get("sizes", DEFAULT_GRID), problems, ("sizes",)))))
     if any(s <= 0 for s in grid):

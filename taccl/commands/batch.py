@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..errors import UserError
 from ..progress import Reporter
 
 
@@ -35,6 +36,12 @@ def register(sub) -> None:
 def run(args) -> int:
     from ..batch import dry_run, run_batch
     from ..targets import default_target
+
+    if args.ray_address and args.executor != "ray":
+        raise UserError("a Ray cluster serves --executor ray only; give both, or neither", where="--ray-address")
+    if args.dry_run and args.prune:
+        raise UserError("--dry-run runs and deletes nothing; --prune deletes after a run: give one of them",
+                        where="--prune")
 
     if args.dry_run:
         rows = dry_run(args.sku, args.output, retry_failed=args.retry_failed)

@@ -50,6 +50,15 @@ def run(args) -> int:
     from ..runtime import Runtime
 
     target = check_output_dir(args.into, where="--into")
+    if target.is_symlink():  # publish where the link points: what resolved it (a job, another link) sees it
+        target = target.resolve()
+    if target.is_dir():
+        # the swap replaces the directory whole: what is not a file of the set would be lost with it
+        others = sorted(p.name for p in target.iterdir() if not p.is_file())
+        if others:
+            raise UserError(f"holds {others[0]!r}, which is not a file: swap replaces the directory whole and "
+                            f"would delete it; move it out (the directory should hold the program set alone)",
+                            path=str(target), where="--into")
     files = _files(args.new)
     with Runtime() as rt:  # the communicator as the job holds it now, then the swap it would make
         current = sorted(f for f in target.iterdir() if f.is_file()) if target.is_dir() else []
