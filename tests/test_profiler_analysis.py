@@ -188,6 +188,19 @@ def test_samples_that_do_not_fit_a_line_are_reported():
     (lambda d: d["measurements"].append({"probe": "p2p", "src": 9, "dst": 0}), "GPU index 9"),
     (lambda d: d["measurements"].append({"probe": "host", "gpu": 0, "samples": [[1, 2, 3]]}), "pairs"),
     (lambda d: d.update(env=3), r"\$\.env: expected an object, got int"),  # once a traceback (a fuzz found it)
+    # what a new user's edits found: tracebacks in the analysis (KeyError, ValueError, TypeError), or a
+    # record dropped without a word
+    (lambda d: first(d, "p2p").pop("src"), r"\.src: missing: a p2p record names engine, src, dst"),
+    (lambda d: first(d, "host").pop("gpu"), r"\.gpu: missing: a host record names direction, gpu"),
+    (lambda d: first(d, "p2p_concurrent").update(bytes="bad"), r"\.bytes: expected a positive number of bytes"),
+    (lambda d: first(d, "p2p").update(engine="dma"), r"\.engine: expected one of ce, sm, got 'dma'"),
+    (lambda d: first(d, "nic_loopback").update(numa_node="x"), r"\.numa_node: expected an integer or null"),
+    (lambda d: first(d, "nic_loopback").pop("numa_node"), r"\.numa_node: missing"),
+    (lambda d: d["nics"][0].update(rate_Gbps="fast"), r"\$\.nics\[0\]\.rate_Gbps: expected a number or null"),
+    (lambda d: d["gpus"][0].update(numa_node="0"), r"\$\.gpus\[0\]\.numa_node: expected an integer or null"),
+    (lambda d: d["measurements"].append([1, 2]), r"expected a measurement \(an object\), got \[1, 2\]"),
+    (lambda d: d.pop("gpus"), r"\$\.gpus: missing; expected a list"),
+    (lambda d: d.update(status=7), r"\$\.status: expected a string, got 7"),
 ])
 def test_bad_samples_file(mutate, msg):
     doc, _ = generate("h100", seed=0, net=False, reps=1)
@@ -195,6 +208,11 @@ def test_bad_samples_file(mutate, msg):
     mutate(doc)
     with pytest.raises(UserError, match=msg):
         check_samples(doc, path="s.json")
+
+
+def first(doc, probe) -> dict:
+    """The first measurement of `probe` in a samples document."""
+    return next(m for m in doc["measurements"] if m["probe"] == probe)
 
 
 def load_spec_from(topo):
@@ -234,7 +252,8 @@ def test_without_the_compute_capability_the_gap_is_said():
     for g in doc["gpus"]:
         del g["sm"]
     _, topo, _ = run(doc)
-    assert spec_from_dict(topo).calibration_note() is not None and "runtime" not in topo
+    # no costs; the SM count the probe read still bounds a program's thread blocks a rank
+    assert spec_from_dict(topo).calibration_note() is not None and topo["runtime"] == {"sm_count": 132}
     (gap,) = [u for u in topo["measurements"]["unmeasured"] if u["what"] == "calibrated costs"]
     assert "--compute-capability" in gap["reason"]
 
@@ -286,7 +305,7 @@ def test_a_pcie_only_node_gets_a_pcie_switch_and_no_ll128(tmp_path):
     for g in doc["gpus"]:
         del g["sm"]
     _, topo, _ = run(doc)
-    assert topo["runtime"] == {"protocols": ["Simple", "LL"]}
+    assert topo["runtime"] == {"protocols": ["Simple", "LL"], "sm_count": 142}  # the SMs bound blocks all the same
     assert spec_from_dict(topo).protocols == ("Simple", "LL")
 
 

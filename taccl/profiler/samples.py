@@ -35,6 +35,15 @@ from ..fileio import load_json
 FORMAT = "taccl-profile-samples"
 VERSION = 1
 PROBES = ("p2p", "p2p_concurrent", "host", "host_concurrent", "nic_loopback", "host_nic_busy", "net")
+# what each probe's record must hold: the fields that say what was measured (always), and its data (where it
+# holds data, `ok`); the analysis reads them without looking again
+_IDENTITY = {"p2p": ("engine", "src", "dst"), "p2p_concurrent": ("engine", "transfers"), "host": ("direction", "gpu"),
+             "host_concurrent": ("direction", "gpus"), "nic_loopback": ("nic", "numa_node"),
+             "host_nic_busy": ("nic", "direction", "gpu"), "net": ()}
+_DATA = {"p2p": ("samples",), "p2p_concurrent": ("bytes", "times_us"), "host": ("samples",),
+         "host_concurrent": ("bytes", "times_us"), "nic_loopback": ("samples",),
+         "host_nic_busy": ("bytes", "times_us"), "net": ("samples",)}
+_CHOICES = {"engine": ("ce", "sm"), "direction": ("d2h", "h2d")}
 
 
 def empty_samples() -> dict:
@@ -57,6 +66,9 @@ def check_samples(doc, *, path: str | None = None) -> dict:
     if doc.get("version", VERSION) != VERSION:
         raise UserError(f"unsupported samples version {doc.get('version')!r}; this taccl reads version {VERSION}",
                         path=path, where="$.version")
+    for key in ("gpus", "measurements"):
+        if key not in doc:
+            raise UserError("missing; expected a list", path=path, where=f"$.{key}")
     out = empty_samples()
     out.update(doc)
     for key in ("gpus", "nics", "measurements", "skipped", "errors"):
@@ -65,15 +77,23 @@ def check_samples(doc, *, path: str | None = None) -> dict:
     for key in ("tool", "host", "env"):
         if out.get(key) is not None and not isinstance(out[key], dict):
             raise UserError(f"expected an object, got {type(out[key]).__name__}", path=path, where=f"$.{key}")
+    if not isinstance(out["status"], str):
+        raise UserError(f"expected a string, got {out['status']!r}", path=path, where="$.status")
     for i, g in enumerate(out["gpus"]):
         if not isinstance(g, dict) or g.get("index") != i:
             raise UserError(f"expected GPU records with \"index\": {i} in order", path=path, where=f"$.gpus[{i}]")
+        _check_fields(g, (("numa_node", int), ("pci_bus_id", str), ("name", str)), path, f"$.gpus[{i}]")
+    for i, nic in enumerate(out["nics"]):
+        if not isinstance(nic, dict) or not isinstance(nic.get("name"), str):
+            raise UserError("expected a NIC record with its \"name\"", path=path, where=f"$.nics[{i}]")
+        _check_fields(nic, (("numa_node", int), ("rate_Gbps", (int, float))), path, f"$.nics[{i}]")
     n = len(out["gpus"])
     for i, m in enumerate(out["measurements"]):
         where = f"$.measurements[{i}]"
-        if not isinstance(m, dict) or m.get("probe") not in PROBES:
-            raise UserError(f"unknown probe {m.get('probe') if isinstance(m, dict) else m!r}; known: {list(PROBES)}",
-                            path=path, where=where)
+        if not isinstance(m, dict):
+            raise UserError(f"expected a measurement (an object), got {m!r}", path=path, where=where)
+        if m.get("probe") not in PROBES:
+            raise UserError(f"unknown probe {m.get('probe')!r}; known: {list(PROBES)}", path=path, where=where)
         for key in ("src", "dst", "gpu"):
             if key in m and not (isinstance(m[key], int) and 0 <= m[key] < n):
                 raise UserError(f"GPU index {m[key]!r} is not one of the {n} GPUs listed in $.gpus", path=path,
@@ -93,7 +113,29 @@ def check_samples(doc, *, path: str | None = None) -> dict:
                                                   for t in times):
             raise UserError("expected times_us as a list of positive numbers (or of lists of them)", path=path,
                             where=f"{where}.times_us")
+        for key in _IDENTITY[m["probe"]] + (_DATA[m["probe"]] if ok(m) else ()):
+            if m.get(key) is None:
+                says = ", ".join(_IDENTITY[m["probe"]]) or "its peer"
+                raise UserError(f"missing: a {m['probe']} record names {says} and holds "
+                                f"{' and '.join(_DATA[m['probe']])}", path=path, where=f"{where}.{key}")
+            if key in _CHOICES and m[key] not in _CHOICES[key]:
+                raise UserError(f"expected one of {', '.join(_CHOICES[key])}, got {m[key]!r}", path=path,
+                                where=f"{where}.{key}")
+        _check_fields(m, (("nic", str), ("numa_node", int)), path, where)
+        if "bytes" in m and not _positive(m["bytes"]):
+            raise UserError(f"expected a positive number of bytes, got {m['bytes']!r}", path=path,
+                            where=f"{where}.bytes")
     return out
+
+
+def _check_fields(record: dict, fields, path, where) -> None:
+    """Each of `fields` ((key, type)) that `record` holds is of its type or null (JSON's true and false are not
+    numbers)."""
+    for key, kind in fields:
+        v = record.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kind)):
+            what = "a string" if kind is str else "an integer" if kind is int else "a number"
+            raise UserError(f"expected {what} or null, got {v!r}", path=path, where=f"{where}.{key}")
 
 
 def _flatten(v):
