@@ -745,3 +745,21 @@ def test_rings_and_trees_are_also_built_on_all_of_nccls_channels(tmp_path):
 def test_batch_flags_that_would_do_nothing_are_refused(tmp_path, capsys, flags, needle):
     assert main(["batch", str(sku_file(tmp_path)), "-o", str(tmp_path / "out")] + flags) == 2
     assert needle in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_job_whose_programs_all_fail_counts_as_failed_everywhere(tmp_path, capsys):
+    """A synthesis whose every program exceeded the thread blocks was FAILED in the progress lines, ok in
+    selection.json, 0 'failed jobs' in the report and left out of the summary's count: one definition now."""
+    sku = tmp_path / "sku.yaml"
+    sku.write_text(f"name: tight\ntopology: dgx-h100\nnodes: [2]\ncollectives: [allgather]\nsizes: [4KiB, 1MiB]\n"
+                   f"synthesis_sizes: [64KiB]\ntime_limit_s: 10\nmax_tbs: 2\ncandidates:\n"
+                   f"  - sketch: {ROOT / 'sketches' / 'dgx-h100-direct.json'}\n    variants: {{protocol: [LL], instances: [1]}}\n"
+                   f"baselines: {{protocol: [Simple], instances: [1], emit: nccl}}\n")
+    out = tmp_path / "out"
+    assert main(["batch", str(sku), "-o", str(out), "--workers", "1", "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("FAILED ") == 3 and "3 failed" in err
+    jobs = json.loads((out / "selection.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["failed"] * 3
+    assert "no program of it could be lowered and simulated" in jobs[0]["reason"]
+    assert "| 3 | 4KiB, 1MiB |" in (out / "report.md").read_text()

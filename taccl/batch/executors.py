@@ -22,7 +22,7 @@ from multiprocessing.connection import wait
 
 from ..errors import UserError
 from .cache import Store
-from .jobs import Task, execute, failure
+from .jobs import Task, execute, failure, job_failed
 
 EXECUTORS = ("local", "ray")
 
@@ -44,18 +44,12 @@ def run_task(task: Task, emit) -> None:
 
 
 def complete(task: Task, store: Store, reason: str, **extra) -> bool:
-    """Record `reason` for every key of `task` that has no result yet; return whether any result failed."""
-    failed = False
+    """Record `reason` for every key of `task` that has no result yet; return whether the job failed
+    (`jobs.job_failed`: no program of it can compete)."""
     for key in task.keys():
-        if key in task.done:
-            continue
-        record = store.get(key)
-        if record is None:
+        if key not in task.done and store.get(key) is None:
             store.put(failure(key, "task", reason, label=task.label, **extra))
-            failed = True
-        elif record.get("status") != "ok":
-            failed = True
-    return failed
+    return job_failed(task, store.get)
 
 
 # ------------------------------------------------------------------------------------------------------

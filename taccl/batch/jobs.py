@@ -117,6 +117,19 @@ class Task:
         return out
 
 
+def job_failed(task: Task, get) -> bool:
+    """Whether a job left no program that can compete: its synthesis failed, or every program of it failed to be
+    lowered or simulated (`get`: key -> record or None). The one definition of a failed job for the progress
+    lines, the summary, selection.json and the report."""
+    def ok(key) -> bool:
+        record = get(key)
+        return record is not None and record.get("status") == "ok"
+
+    if task.kind == "synthesis" and not ok(task.key):
+        return True
+    return not any(ok(p.key) and ok(p.sim_key) for p in task.programs)
+
+
 def _variant_doc(doc: dict, chunkup, policy, proto=None, instances=None) -> dict:
     doc = copy.deepcopy(doc)
     hp = doc.setdefault("hyperparameters", {})

@@ -131,7 +131,7 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
         out.append(f"| {g.collective} | {g.nodes} | {g.ranks} | {', '.join(_grid(w) for w in syn) or 'none'} | "
                    f"{f'{min(sp):.2f}x - {max(sp):.2f}x' if sp else '-'} | "
                    f"{f'{min(vb):.2f} - {max(vb):.2f}' if vb else '-'} | {', '.join(_grid(w) for w in base) or 'none'} | "
-                   f"{len(g.failed_jobs)} | {miss} |")
+                   f"{len(g.failed_jobs) + len(g.failed_baselines)} | {miss} |")
     out += ["", f"The target (`taccl.batch.selection`): at every size the best synthesized program is no slower than "
             f"the best baseline (within {TIE_TOLERANCE:.1%}: a tie) and either {TARGET_SPEEDUP}x faster than it or within {TARGET_VS_OPTIMUM}x of the "
             f"optimum, the lower bound (for AllReduce the reduce-scatter plus all-gather optimum: its provable bound "
@@ -159,6 +159,9 @@ def render(selection: Selection, sku, *, plots: bool, wall_s: float | None = Non
             out += ["", *notes]
         if failed:
             out += ["", "Failed syntheses (their sizes fell back to the best remaining program):", "", *failed]
+        if g.failed_baselines:
+            out += ["", "Failed baselines (no program of them could be built and simulated):", "",
+                    *[f"- {label}: {reason}" for label, reason in g.failed_baselines]]
         if bad:
             out += ["", "Programs that could not be lowered or simulated:", "", *bad]
     out += _cost(selection)

@@ -40,7 +40,7 @@ from ..fileio import atomic_write, write_json
 from ..simulator import TIE_TOLERANCE
 from ..targets import DEFAULT_TARGET, get_target, lowered_for, selected_near
 from ..units import format_size
-from .jobs import Task, tool_version
+from .jobs import Task, job_failed, tool_version
 
 XML_DIR = "msccl-algorithms"
 
@@ -104,7 +104,8 @@ class Group:
     lower_bound_us: list
     contenders: list
     windows: list = field(default_factory=list)
-    failed_jobs: list = field(default_factory=list)  # (label, reason) of synthesis jobs that failed
+    failed_jobs: list = field(default_factory=list)  # (label, reason) of the synthesis jobs that failed (`job_failed`)
+    failed_baselines: list = field(default_factory=list)  # and of the baseline jobs
     # what the programs are held against per size: the lower bound, for AllReduce the reduce-scatter plus
     # all-gather optimum (`taccl.bounds.allreduce_optimum`; the provable bound M/B needs in-network reduction)
     optimum_us: list = field(default_factory=list)
@@ -210,8 +211,8 @@ def select(sku, tasks: list, store, *, cached_keys: set = frozenset(), target: s
                 lower_bound_us=_lower_bounds(topo, task.collective, sku.grid), contenders=[],
                 optimum_us=_lower_bounds(topo, task.collective, sku.grid, optimum=True))
         jobs.append(_job_summary(task, store, cached_keys))
-        if task.kind == "synthesis" and jobs[-1].status != "ok":
-            g.failed_jobs.append((task.label, jobs[-1].reason))
+        if jobs[-1].status != "ok":
+            (g.failed_jobs if task.kind == "synthesis" else g.failed_baselines).append((task.label, jobs[-1].reason))
         for prog in task.programs:
             if prog.target == lowering or prog.kind == "baseline":
                 g.contenders.append(_contender(prog, store, g))
@@ -294,16 +295,24 @@ def _fit_file_limit(groups: list, runtime, tolerance: float) -> None:
 
 
 def _job_summary(task: Task, store, cached_keys) -> JobSummary:
-    if task.kind == "synthesis":
-        rec = store.get(task.key) or {"status": "failed", "reason": "no result"}
-        return JobSummary(label=task.label, kind="synthesis", collective=task.collective, nodes=task.nodes,
-                          status=rec["status"], reason=rec.get("reason", ""), time_s=rec.get("time_s", 0.0),
-                          cached=task.key in cached_keys, predicted_us=rec.get("predicted_us"),
-                          lower_bound_us=rec.get("lower_bound_us"))
+    failed = job_failed(task, store.get)
     recs = [store.get(p.key) or {"status": "failed", "reason": "no result"} for p in task.programs]
     bad = [r for r in recs if r["status"] != "ok"]
+    if task.kind == "synthesis":
+        rec = store.get(task.key) or {"status": "failed", "reason": "no result"}
+        if rec["status"] != "ok":
+            why = rec.get("reason", "")
+        elif failed:
+            why = "no program of it could be lowered and simulated: " + "; ".join(sorted({r.get("reason", "")
+                                                                                          for r in bad}))
+        else:
+            why = ""
+        return JobSummary(label=task.label, kind="synthesis", collective=task.collective, nodes=task.nodes,
+                          status="failed" if failed else "ok", reason=why, time_s=rec.get("time_s", 0.0),
+                          cached=task.key in cached_keys, predicted_us=rec.get("predicted_us"),
+                          lower_bound_us=rec.get("lower_bound_us"))
     return JobSummary(label=task.label, kind="baseline", collective=task.collective, nodes=task.nodes,
-                      status="failed" if len(bad) == len(recs) else "ok",
+                      status="failed" if failed else "ok",
                       reason="; ".join(sorted({r.get("reason", "") for r in bad})),
                       time_s=round(sum(r.get("time_s", 0.0) for r in recs), 3),
                       cached=all(p.key in cached_keys for p in task.programs))
