@@ -363,7 +363,9 @@ def _candidate(cdoc, i, base: Path, problems: _Problems, collectives, nodes, def
         return None  # reported by the schema
     sketch_path = base / cdoc["sketch"]
     sketch = doc = None
-    if not sketch_path.is_file():
+    if sketch_path.is_dir():
+        problems.add(at + ("sketch",), f"{sketch_path} is a directory, expected a sketch file")
+    elif not sketch_path.is_file():
         problems.add(at + ("sketch",), f"no such sketch file: {sketch_path}")
     else:
         try:
