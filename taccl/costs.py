@@ -111,7 +111,6 @@ class Derivation:
             c["tb_bw_GBps"] = min(c["tb_bw_GBps"], c["bw_GBps"])
         return out
 
-
     def runtime(self, gen: str, sm_count: int | None = None, mem_bw_GBps: float | None = None) -> dict:
         """The runtime block for generation `gen`; one block's on-GPU bandwidth scaled by the GPU's memory
         bandwidth (`mem_bw_GBps`, e.g. as the probe read it) against the H100's, else by the generation's HBM."""

@@ -155,10 +155,10 @@ def _lower(algo, target, report):
     prepare_for_target(program, target, report=warn)
     size = algo.input_size_bytes
     if not selects_size(program.collective, program.ngpus, size, program.nchunksperloop, elem_bytes=1):
+        ranks = f" and of its {program.ngpus} ranks" if program.collective in RANK_MULTIPLIED else ""
         warn(f"note: no runtime runs this program at {format_size(size)}, the size it was synthesized and "
-             f"simulated for: a call's element count must be a multiple of its nchunksperloop, "
-             f"{program.nchunksperloop}" + (f", and of its {program.ngpus} ranks" if program.collective in
-                                          RANK_MULTIPLIED else "") + "; it runs at sizes that are")
+             f"simulated for: it runs at calls whose element count is a multiple of its nchunksperloop, "
+             f"{program.nchunksperloop}{ranks}")
     if program.inplace:
         report("the program also serves in-place calls (proven with input and output aliased)")
     # the schedule's time is the synthesizer's estimate; the written program's, on the calibrated simulator,
