@@ -763,3 +763,7 @@ def test_a_job_whose_programs_all_fail_counts_as_failed_everywhere(tmp_path, cap
     assert [j["status"] for j in jobs] == ["failed"] * 3
     assert "no program of it could be lowered and simulated" in jobs[0]["reason"]
     assert "| 3 | 4KiB, 1MiB |" in (out / "report.md").read_text()
+    # and --dry-run says so (it showed them as plain "cached")
+    assert main(["batch", str(sku), "-o", str(out), "--dry-run"]) == 0
+    listing = capsys.readouterr().out
+    assert listing.count("cached failure ") == 3 and "3 cached (3 of them failed: --retry-failed" in listing

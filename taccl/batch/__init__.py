@@ -32,7 +32,7 @@ from ..progress import SILENT
 from ..targets import default_target
 from .cache import OutdirLock, Store
 from .executors import EXECUTORS, run_local, run_ray
-from .jobs import Task, WithRecords, deployed, plan
+from .jobs import Task, WithRecords, deployed, job_failed, plan
 from .selection import Selection, select, write_outputs
 from .sku import Sku, load_sku
 
@@ -131,13 +131,22 @@ def _outdir(sku: Sku, outdir) -> Path:
 
 
 def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:
-    """[(task, "cached" | "partly cached" | "to run")] without running or writing anything."""
+    """[(task, "cached" | "cached failure" | "partly cached" | "to run")] without running or writing anything
+    ("cached failure": a job the cache holds as failed, `jobs.job_failed`; --retry-failed runs it again)."""
     sku = load_sku(sku_path)
     store = Store(_outdir(sku, outdir) / "cache")
     tasks = plan(sku)
     todo, _ = _prepare(tasks, store, sku, retry_failed)
     pending = {id(t) for t in todo}
-    return [(t, "to run" if not t.done else "partly cached" if id(t) in pending else "cached") for t in tasks]
+
+    def state(t) -> str:
+        if not t.done:
+            return "to run"
+        if id(t) in pending:
+            return "partly cached"
+        return "cached failure" if job_failed(t, store.get) else "cached"
+
+    return [(t, state(t)) for t in tasks]
 
 
 def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: str = "local",

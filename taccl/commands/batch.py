@@ -53,7 +53,9 @@ def run(args) -> int:
         for t, state in rows:
             print(f"{state:<14} {t.kind:<10} {t.collective:<14} {t.nodes:>3} node(s)  {t.label} "
                   f"({len(t.programs)} program(s))")
-        print(f"{len(rows)} jobs, {sum(s == 'cached' for _, s in rows)} cached")
+        failed = sum(s == "cached failure" for _, s in rows)
+        print(f"{len(rows)} jobs, {sum(s.startswith('cached') for _, s in rows)} cached"
+              + (f" ({failed} of them failed: --retry-failed runs them again)" if failed else ""))
         return 0
     report = Reporter(quiet=args.quiet or args.json)
     result = run_batch(args.sku, args.output, workers=args.workers, executor=args.executor,
