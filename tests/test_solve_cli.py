@@ -63,6 +63,8 @@ def test_an_output_ending_in_xml_names_the_program_as_lower_and_baseline_take_it
     sketch = str(ROOT / "sketches" / "ndv2-single.json")
     assert main(["solve", sketch, "-q", "-o", str(tmp_path / "new" / "ag.xml")]) == 0
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["ag.algo.json", "ag.xml"]
+    assert main(["solve", sketch, "-q", "-o", str(tmp_path / "upper" / "ag.XML")]) == 0  # was written ag.xml
+    assert sorted(p.name for p in (tmp_path / "upper").iterdir()) == ["ag.XML", "ag.algo.json"]
     # an existing directory keeps its meaning, whatever its name
     (tmp_path / "d.xml").mkdir()
     assert main(["solve", sketch, "-q", "--no-xml", "-o", str(tmp_path / "d.xml")]) == 0

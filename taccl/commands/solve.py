@@ -101,7 +101,7 @@ def run(args) -> int:
     if program is not None:
         from ..lowering import write_program
 
-        xml_path = out / f"{name}.xml"
+        xml_path = out / (name + _xml_suffix(args.output))
         write_program(program, xml_path, target=target.name)
         written.append(str(xml_path))
     summary = {"name": name, "time_us": algo.time_us, "simulated_us": simulated_us,
@@ -120,6 +120,11 @@ def run(args) -> int:
             report(f"note: {n}")
         report(f"finished in {summary['elapsed_s']:.1f} s, peak memory {summary['peak_memory_mb']:.0f} MiB")
     return 0
+
+
+def _xml_suffix(output: str) -> str:
+    """The program file's suffix: `-o X.XML` keeps the user's spelling."""
+    return output[-len(".xml"):] if output.lower().endswith(".xml") and not Path(output).is_dir() else ".xml"
 
 
 def _output_place(output: str, name: str | None) -> tuple:
