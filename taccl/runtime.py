@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckFailed, UserError
-from .targets import RANK_MULTIPLIED
+from .targets import RANK_MULTIPLIED, ROOTED
 
 __all__ = ["COLLS", "DTYPES", "OPS", "Runtime", "RunOutcome", "library_path", "reference", "make_inputs",
            "count_wrong", "run_program", "cuda_available"]
@@ -420,7 +420,7 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
         info = rt.info(idx)
         if ranks is not None and ranks != info.ngpus:
             raise UserError(f"the program is written for {info.ngpus} ranks, not {ranks}", path=str(path))
-        if root and info.coll not in ("broadcast", "reduce", "gather", "scatter"):
+        if root and info.coll not in ROOTED:
             raise UserError(f"root {root} given, but {info.coll} has no root (broadcast, reduce, gather and "
                             f"scatter do)", path=str(path))
         R = info.ngpus

@@ -8,7 +8,7 @@ from ..fileio import check_output_file
 from ..lowering import DEFAULT_MAX_TBS, max_tbs_of, write_program
 from ..lowering.emit import MAX_OFFSET
 from ..progress import warn
-from ..targets import add_target_argument, prepare_for_target, target_of_args
+from ..targets import RANK_MULTIPLIED, add_target_argument, prepare_for_target, target_of_args
 from ..topology import load_topology
 
 
@@ -42,7 +42,7 @@ def run(args) -> int:
     coll = args.collective or BASELINES[args.name][0]
     # a buffer of these collectives holds chunk-up chunks of every rank (each instance its own): past the offsets
     # the runtimes store (int16) no program fits, which building one would take minutes and gigabytes to find
-    every_rank = canonical_name(coll) in ("allgather", "alltoall", "reducescatter")
+    every_rank = canonical_name(coll) in RANK_MULTIPLIED
     per_buffer = args.chunkup * max(args.instances, 1) * (topo.num_ranks if every_rank else 1)
     if per_buffer > MAX_OFFSET + 1:
         raise UserError(f"{per_buffer} chunks a buffer (chunk-up x instances{' x ranks' if every_rank else ''}) "

@@ -85,7 +85,7 @@ def run(args) -> int:
         raise UserError("expected a JSON object (a user-defined collective)", path=custom, where="$")
     if custom and not args.no_xml:
         check_custom_target(target)
-    out, name = _output_place(args.output, args.name)
+    out, name, xml_suffix = _output_place(args.output, args.name)
     if name is None:  # the sketch's name, else its file's
         name = check_output_name(default_name(sketch, args.collective), suffix=".algo.json", path=sketch.path,
                                  where="$.name")
@@ -101,7 +101,7 @@ def run(args) -> int:
     if program is not None:
         from ..lowering import write_program
 
-        xml_path = out / (name + _xml_suffix(args.output))
+        xml_path = out / (name + xml_suffix)
         write_program(program, xml_path, target=target.name)
         written.append(str(xml_path))
     summary = {"name": name, "time_us": algo.time_us, "simulated_us": simulated_us,
@@ -122,15 +122,10 @@ def run(args) -> int:
     return 0
 
 
-def _xml_suffix(output: str) -> str:
-    """The program file's suffix: `-o X.XML` keeps the user's spelling."""
-    return output[-len(".xml"):] if output.lower().endswith(".xml") and not Path(output).is_dir() else ".xml"
-
-
 def _output_place(output: str, name: str | None) -> tuple:
-    """(directory, name or None for the sketch's) of `-o` and `--name`. `-o X.xml` (not a directory) is the
-    program's file, as for `taccl lower` and `taccl baseline`: X.xml and X.algo.json, its directory made if
-    need be."""
+    """(directory, name or None for the sketch's, the program file's suffix) of `-o` and `--name`. `-o X.xml` (not
+    a directory) is the program's file, as for `taccl lower` and `taccl baseline`: X.xml and X.algo.json, its
+    directory made if need be (`-o X.XML` keeps the user's spelling of the suffix)."""
     path = Path(output)
     if output.lower().endswith(".xml") and not path.is_dir():
         if name is not None:
@@ -139,10 +134,11 @@ def _output_place(output: str, name: str | None) -> tuple:
         check_output_file(path)
         if path.name[:-len(".xml")] in ("", "."):
             raise UserError("expected the program's file name before .xml", path=output, where="-o")
-        return path.parent, check_output_name(path.name[:-len(".xml")], suffix=".algo.json", where="-o")
+        stem, suffix = path.name[:-len(".xml")], path.name[-len(".xml"):]
+        return path.parent, check_output_name(stem, suffix=".algo.json", where="-o"), suffix
     if name is not None:
         name = check_output_name(name, suffix=".algo.json")
-    return check_output_dir(output), name
+    return check_output_dir(output), name, ".xml"
 
 
 def _lower(algo, target, report):
