@@ -305,6 +305,43 @@ def test_a_job_over_its_timeout_is_stopped_and_retried_when_the_limit_grows(tmp_
     assert longer.failed == 0 and longer.computed == 8
 
 
+def test_a_timeout_under_a_second_stops_its_job_on_time(monkeypatch):
+    # the scheduling loop polls once a second for its progress line; a 0.3 s timeout still ends at 0.3 s
+    from taccl.batch import executors
+
+    class Pool:
+        stopped = []
+
+        def submit(self, task):
+            return task
+
+        def wait(self, handles, seconds):
+            time.sleep(seconds)
+            return []
+
+        def stop(self, handle):
+            self.stopped.append(handle)
+
+    class Progress:
+        finished_after = {}
+
+        def started(self, task):
+            pass
+
+        def finished(self, task, seconds, *, failed):
+            self.finished_after[task] = seconds
+
+        def tick(self):
+            pass
+
+    reasons = []
+    monkeypatch.setattr(executors, "complete", lambda task, store, reason, **extra: reasons.append(reason) or True)
+    progress = Progress()
+    executors._drive(Pool(), ["job"], None, workers=1, timeout_s=0.3, progress=progress)
+    assert Pool.stopped == ["job"] and reasons == ["timed out after 0.3 s (job_timeout_s)"]
+    assert 0.3 <= progress.finished_after["job"] < 0.6
+
+
 def test_bad_sku_lists_every_problem_before_any_work(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"""name: bad

@@ -85,13 +85,15 @@ def _drive(pool, tasks: list, store: Store, *, workers: int, timeout_s: float, p
                 task = pending.pop()
                 running[pool.submit(task)] = (task, time.monotonic())
                 progress.started(task)
-            ready = pool.wait(list(running), 1.0)
+            # wake for the progress tick once a second, or sooner when a task reaches its timeout then
+            first_deadline = min(start for _, start in running.values()) + timeout_s
+            ready = pool.wait(list(running), min(1.0, max(0.0, first_deadline - time.monotonic())))
             now = time.monotonic()
             for handle in list(running):
                 task, start = running[handle]
                 if handle in ready:
                     reason, extra = pool.collect(handle), {}
-                elif now - start > timeout_s:
+                elif now - start >= timeout_s:
                     pool.stop(handle)
                     reason, extra = TIMEOUT_REASON.format(timeout_s), {"timeout_s": timeout_s}
                 else:
