@@ -352,3 +352,23 @@ def test_swap_keeps_what_is_not_the_set_and_follows_a_link(sets, tmp_path, capsy
     assert main(["swap", str(sets[0]), "--into", str(link), "-q"]) == 0
     assert link.is_symlink() and sorted(p.name for p in real.iterdir()) == sorted(p.name for p in sets[0].iterdir())
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no staging or old copy left behind
+
+
+def test_swap_warns_where_two_programs_of_the_set_take_the_same_sizes(sets, tmp_path, capsys):
+    """Overlapping windows are a valid set (selection takes the first by name, a fallback for sizes the
+    first cannot divide) but mostly a mistake: the swap publishes it and says which file runs there. The set
+    is checked in the order the watching job loads it, by name, whatever order the command line gives."""
+    import shutil
+
+    from taccl.cli import main
+
+    new = tmp_path / "new"
+    shutil.copytree(sets[0], new)
+    shutil.copy(sets[1] / "allreduce.xml", tmp_path / "b-allreduce.xml")
+    live = tmp_path / "live"
+    assert main(["swap", str(tmp_path / "b-allreduce.xml"), str(new / "allgather.xml"), str(new / "allreduce.xml"),
+                 "--into", str(live), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: {live / 'b-allreduce.xml'}: its window overlaps {live / 'allreduce.xml'}'s "
+                          f"(allreduce, 16 ranks)") and err.count("\n") == 1, err
+    assert sorted(p.name for p in live.iterdir()) == ["allgather.xml", "allreduce.xml", "b-allreduce.xml"]

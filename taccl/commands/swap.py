@@ -4,7 +4,7 @@ A job's communicator that watches DIR (`Runtime.watch`, `tacclWatch`) takes its 
 command checks the new set as that communicator would (the runtime's own loader and analysis: every file
 loads and proves, one dialect, a program for a rank count the files DIR holds now serve, every collective
 DIR serves now at those counts) before it replaces DIR's files all at once, so a job never sees half a set
-or one it would refuse.
+or one it would refuse. Programs whose size windows overlap are published with a warning.
 
 Exit codes: 0 published, 2 refused (nothing changed) or bad input.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from ..errors import UserError
@@ -43,7 +44,20 @@ def _files(paths) -> list:
     if dup:
         raise UserError(f"two files of the new set are named {dup[0]}: a directory holds one of each",
                         path=", ".join(str(f) for f in out if f.name == dup[0]))
-    return out
+    # checked in the order a watching job loads the published directory: by name (selection takes the first
+    # program whose window fits, so the order decides where windows overlap)
+    return sorted(out, key=lambda f: f.name)
+
+
+def _overlap_warnings(files: list, target: Path) -> list:
+    """Where two programs of the set take the same sizes, named as published in `target`: the first by name
+    runs there (as `taccl check DIR` warns for the MSCCL executor, whose scan is the same)."""
+    from ..targets import DEFAULT_TARGET, directory_problems, get_target
+    from ..xmlio import read_program
+
+    loaded = [(target / f.name, read_program(f)) for f in files]
+    return [(path, msg) for severity, path, msg in directory_problems(loaded, get_target(DEFAULT_TARGET))
+            if severity == "warning"]
 
 
 def run(args) -> int:
@@ -72,6 +86,8 @@ def run(args) -> int:
             rt.swap(files)
         except UserError as exc:
             raise UserError(f"refused, {target} unchanged: {exc}") from None
+    for path, msg in _overlap_warnings(files, target):
+        print(f"warning: {path}: {msg}", file=sys.stderr)
     # build the directory aside and swap it in whole: a watcher sees the old set or the new one, never a mix
     staging = target.parent / f".{target.name}.new"
     old = target.parent / f".{target.name}.old"
