@@ -784,6 +784,30 @@ def test_batch_flags_that_would_do_nothing_are_refused(tmp_path, capsys, flags, 
     assert needle in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+def test_a_rerun_keeps_foreign_files_and_names_what_is_stale(small, tmp_path, capsys):
+    """A rerun replaces msccl-algorithms/ whole: a file of the user's there was deleted silently (refused now,
+    before any work); a plot of a group the report no longer shows, or any with --no-plots, passed for this
+    run's (removed; other files of plots/ stay); another layout's target directory is named as not updated."""
+    _, built = small
+    out = tmp_path / "out"
+    shutil.copytree(built, out)
+    mine = out / "msccl-algorithms" / "my-allreduce.xml"
+    mine.write_text("<algo/>")
+    for flags in ([], ["--dry-run"]):
+        assert main(["batch", str(SMALL), "-o", str(out), "--workers", "1"] + flags) == 2
+        err = capsys.readouterr().err
+        assert "holds 'my-allreduce.xml', which no batch writes" in err and err.count("\n") == 1, err
+    assert mine.read_text() == "<algo/>"
+    mine.unlink()
+    (out / "plots" / "alltoall-16r.png").write_bytes(b"old")
+    (out / "plots" / "notes.png").write_bytes(b"mine")
+    (out / "rccl").mkdir()
+    (out / "rccl" / "selection.json").write_text("{}")
+    assert main(["batch", str(SMALL), "-o", str(out), "--workers", "1", "--no-plots"]) == 0
+    assert [p.name for p in (out / "plots").iterdir()] == ["notes.png"]
+    assert f"note: {out / 'rccl' / 'msccl-algorithms'} is left from an earlier run" in capsys.readouterr().err
+
+
 def test_a_job_whose_programs_all_fail_counts_as_failed_everywhere(tmp_path, capsys):
     """A synthesis whose every program exceeded the thread blocks was FAILED in the progress lines, ok in
     selection.json, 0 'failed jobs' in the report and left out of the summary's count: one definition now."""

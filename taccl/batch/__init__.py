@@ -33,7 +33,7 @@ from ..targets import default_target
 from .cache import OutdirLock, Store
 from .executors import EXECUTORS, run_local, run_ray
 from .jobs import Task, WithRecords, deployed, job_failed, plan
-from .selection import Selection, select, write_outputs
+from .selection import XML_DIR, Selection, is_batch_file_name, select, write_outputs
 from .sku import Sku, load_sku
 
 __all__ = ["run_batch", "dry_run", "BatchResult", "load_sku", "plan", "select", "EXECUTORS"]
@@ -130,10 +130,46 @@ def _outdir(sku: Sku, outdir) -> Path:
     return check_output_dir(outdir or f"batch-{sku.name}")
 
 
+def _target_dirs(sku: Sku, outdir: Path) -> dict:
+    """target name -> the directory its outputs go to: the topology's own runtime alone writes into OUTDIR
+    itself, several targets a directory each."""
+    if sku.targets == (default_target(sku.spec),):
+        return {sku.targets[0]: outdir}
+    return {t: outdir / t for t in sku.targets}
+
+
+def _refuse_foreign_files(dirs) -> None:
+    """The batch replaces each msccl-algorithms/ whole: refuse, before any work, one that holds what a batch
+    does not write (a user's own program would be deleted with it)."""
+    for d in dirs:
+        algos = d / XML_DIR
+        if not algos.is_dir():
+            continue
+        foreign = sorted(p.name for p in algos.iterdir() if not (p.is_file() and is_batch_file_name(p.name)))
+        if foreign:
+            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            raise UserError(f"holds {foreign[0]!r}{more}, which no batch writes: the batch replaces this directory "
+                            f"whole and would delete it; move it out (a batch's files are named "
+                            f"<collective>-<ranks>r-<window>-<min>-<max>-<winner>.xml)", path=str(algos))
+
+
+def _report_stale_target_dirs(sku: Sku, outdir: Path, dirs: dict, report) -> None:
+    """Outputs an earlier run wrote for a target this SKU no longer lists (or in the other layout) stay as
+    they were, not deleted (a job may read them): say so, so that nobody takes them for this run's."""
+    from ..targets import TARGETS
+
+    current = set(dirs.values())
+    for d in [outdir] + [outdir / t for t in TARGETS]:
+        if d not in current and (d / "selection.json").is_file():
+            report(f"note: {d / XML_DIR} is left from an earlier run (targets it no longer lists) and was not "
+                   f"updated; delete it when no job reads it")
+
+
 def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:
     """[(task, "cached" | "cached failure" | "partly cached" | "to run")] without running or writing anything
     ("cached failure": a job the cache holds as failed, `jobs.job_failed`; --retry-failed runs it again)."""
     sku = load_sku(sku_path)
+    _refuse_foreign_files(_target_dirs(sku, _outdir(sku, outdir)).values())
     store = Store(_outdir(sku, outdir) / "cache")
     tasks = plan(sku)
     todo, _ = _prepare(tasks, store, sku, retry_failed)
@@ -160,6 +196,8 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
         raise UserError(f"must be at least 1, got {workers}", where="--workers")
     workers = workers or max(1, (os.cpu_count() or 1) // max(1, sku.threads))
     outdir = _outdir(sku, outdir)
+    dirs = _target_dirs(sku, outdir)
+    _refuse_foreign_files(dirs.values())
     tasks = plan(sku)
     with OutdirLock(outdir):
         store = Store(outdir / "cache")
@@ -182,9 +220,7 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
         from .report import write_report
 
         targets = {}
-        for target in sku.targets:
-            # the topology's own runtime alone writes into OUTDIR itself, several targets a directory each
-            target_dir = outdir if sku.targets == (default_target(sku.spec),) else outdir / target
+        for target, target_dir in dirs.items():
             report(f"{target}: selecting the fastest program per size and writing the XML programs")
             # what a previous run deployed competes again, so a rerun never makes a window slower
             incumbents, records = deployed(sku, target_dir, tasks, store, target)
@@ -194,6 +230,7 @@ def run_batch(sku_path, outdir=None, *, workers: int | None = None, executor: st
             write_report(selection, target_dir, sku, plots=plots, wall_s=time.monotonic() - t0)
             targets[target] = (selection, target_dir)
         selection, target_dir = next(iter(targets.values()))
+        _report_stale_target_dirs(sku, outdir, dirs, report)
         if prune:
             n = store.prune({k for t in tasks for k in t.keys()})
             report(f"pruned {n} cache record(s) this SKU no longer uses")

@@ -9,6 +9,7 @@ the files.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..fileio import atomic_write
@@ -98,6 +99,9 @@ def plot_group(g: Group, path: Path) -> None:
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(path)
+
+
+_PLOT_FILE = re.compile(r"[a-z]+-[0-9]+r\.png")  # the names `plot_name` gives
 
 
 def plot_name(g: Group) -> str:
@@ -204,7 +208,12 @@ def _cost(selection: Selection) -> list:
 
 def write_report(selection: Selection, outdir, sku, *, plots: bool = True, wall_s: float | None = None) -> Path:
     outdir = Path(outdir)
-    if plots:
-        for g in selection.groups:
-            plot_group(g, outdir / plot_name(g))
+    groups = selection.groups if plots else []
+    for g in groups:
+        plot_group(g, outdir / plot_name(g))
+    wanted = {plot_name(g) for g in groups}
+    # an earlier run's plot of a group this report no longer shows (or any, with --no-plots) would pass for this one's
+    for old in (outdir / PLOT_DIR).glob("*.png"):
+        if _PLOT_FILE.fullmatch(old.name) and f"{PLOT_DIR}/{old.name}" not in wanted:
+            old.unlink()
     return atomic_write(outdir / "report.md", render(selection, sku, plots=plots, wall_s=wall_s))

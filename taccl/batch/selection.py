@@ -420,6 +420,14 @@ def _file_name(w: Window) -> str:
     return f"{w.collective}-{w.ranks}r-{w.index:02d}-{format_size(w.min_bytes)}-{hi}-{safe}.xml"
 
 
+_BATCH_FILE = re.compile(r"[a-z]+-[0-9]+r-[0-9]{2,}-[^-/]+-[^-/]+-[A-Za-z0-9_.+-]+\.xml")
+
+
+def is_batch_file_name(name: str) -> bool:
+    """Whether `name` is one `_file_name` gives (a file a batch wrote into msccl-algorithms/)."""
+    return _BATCH_FILE.fullmatch(name) is not None
+
+
 def write_outputs(selection: Selection, outdir, store, *, emit_baselines: bool = True, report=None) -> None:
     from ..lowering import DEFAULT_MAX_STEPS, serve_inplace, write_program
     from ..lowering.emit import check_limits
