@@ -56,7 +56,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 
 from .errors import CheckFailed
-from .program import MAX_NODES, Buf, Program, Proto, StepType, step_type
+from .program import MAX_ALLOWED_COUNT, MAX_NODES, Buf, Program, Proto, StepType, step_type
 
 __all__ = [
     "Finding",
@@ -730,16 +730,30 @@ def _check_matching(ctx: _Ctx, ix: _Index) -> None:
 # 2. Scheduling with bounded FIFOs
 
 
-def _schedule(ix: _Index, depth: int, tiles: int):
-    """Run all tbs; return (order of tile-0 step ids, blocked reasons per G or None when all finished)."""
+def _schedule(ix: _Index, depth: int, tiles: int, calls: list | None = None):
+    """Run all tbs; return (order of tile-0 step ids, blocked reasons per G or None when all finished).
+
+    `calls` (per step id, default 1 each): the primitive calls a step makes, each taking one FIFO slot (a step
+    of ``cnt`` chunks makes ceil(cnt / maxAllowedCount) of them, `_calls_per_step`); a fused step needs its
+    data and its FIFO room call by call."""
     nG = len(ix.tbs)
     L = ix.length
     base = ix.base
     dep_G, dep_i = ix.dep_G, ix.dep_i
     recv_conn, recv_seq, send_conn, send_seq = ix.recv_conn, ix.recv_seq, ix.send_conn, ix.send_seq
     nmsg = [len(s) for s in ix.conn_sends]
+    if calls is not None:  # FIFO positions counted in calls, not steps
+        send_seq, recv_seq = list(send_seq), list(recv_seq)
+        for c in range(ix.nconn):
+            for seqs, sids in ((send_seq, ix.conn_sends[c]), (recv_seq, ix.conn_recvs[c])):
+                pos = 0
+                for sid in sids:
+                    seqs[sid] = pos
+                    pos += calls[sid]
+            nmsg[c] = sum(calls[sid] for sid in ix.conn_sends[c])
     pc = [0] * nG
     it = [0] * nG
+    sub = [0] * nG  # calls of the current step already made (with `calls`)
     sent = [0] * ix.nconn
     recvd = [0] * ix.nconn
     recv_waiter = [-1] * ix.nconn
@@ -757,22 +771,23 @@ def _schedule(ix: _Index, depth: int, tiles: int):
         b = base[G]
         i = pc[G]
         itr = it[G]
+        k = sub[G]
         while itr < tiles:
             sid = b + i
             T = dep_G[sid]
-            if T >= 0:
+            if T >= 0 and k == 0:
                 need = itr * L[T] + dep_i[sid] + 1
                 if it[T] * L[T] + pc[T] < need:
                     heapq.heappush(dep_wait[T], (need, G))
                     blocked[G] = ("dep", T, sid)
                     break
             rc = recv_conn[sid]
-            if rc >= 0 and sent[rc] <= itr * nmsg[rc] + recv_seq[sid]:
+            if rc >= 0 and sent[rc] <= itr * nmsg[rc] + recv_seq[sid] + k:
                 recv_waiter[rc] = G
                 blocked[G] = ("recv", rc, sid)
                 break
             sc = send_conn[sid]
-            if sc >= 0 and itr * nmsg[sc] + send_seq[sid] >= recvd[sc] + depth:
+            if sc >= 0 and itr * nmsg[sc] + send_seq[sid] + k >= recvd[sc] + depth:
                 send_waiter[sc] = G
                 blocked[G] = ("send", sc, sid)
                 break
@@ -789,6 +804,12 @@ def _schedule(ix: _Index, depth: int, tiles: int):
                 if w >= 0:
                     recv_waiter[sc] = -1
                     push(w)
+            if calls is not None:
+                k += 1
+                if k < calls[sid]:
+                    sub[G] = k
+                    continue
+                k = sub[G] = 0
             if itr == 0:
                 order.append(sid)
             i += 1
@@ -806,6 +827,38 @@ def _schedule(ix: _Index, depth: int, tiles: int):
     if not stuck:
         return order, None
     return order, {G: blocked[G] for G in stuck}
+
+
+def _split_calls(ix: _Index, program: Program) -> list:
+    """[(M, lowest size, calls per step id)] for each way the runtime splits steps into primitive calls at the
+    sizes the program's window takes, beyond one call a step: at a call of B bytes a chunk is
+    c = ceil(B / nchunksperloop) bytes, and a step of cnt chunks is moved M = max(1, tile // c) (at most 71)
+    chunks a call, so it makes ceil(cnt / M) calls (msccl-xml.md 1.8). Where chunks outgrow half a tile, every
+    chunk is a call of its own: a step of two chunks then takes two FIFO slots, which a ring of fused steps
+    does not have (Simple holds two calls)."""
+    moving = [sid for sid in range(ix.nsteps) if ix.send_conn[sid] >= 0 or ix.recv_conn[sid] >= 0]
+    largest = max((ix.steps[sid].cnt for sid in moving), default=1)
+    if largest <= 1:
+        return []
+    n = max(1, program.nchunksperloop)
+    tile = Proto(program.proto).tile_bytes
+
+    def allowed(size):
+        return max(1, min(MAX_ALLOWED_COUNT, tile // -(-size // n)))
+
+    most = allowed(max(program.min_bytes, n))  # at the window's smallest size
+    fewest = 1 if not program.max_bytes else allowed(program.max_bytes)
+    out, seen = [], set()
+    for M in range(min(most, largest - 1), fewest - 1, -1):  # from the smallest sizes up
+        calls = [1] * ix.nsteps
+        for sid in moving:
+            calls[sid] = -(-ix.steps[sid].cnt // M)
+        shape = tuple(calls[sid] for sid in moving)
+        if shape not in seen:
+            seen.add(shape)
+            # the smallest call whose chunk is over tile / (M + 1) bytes
+            out.append((M, max(program.min_bytes, n * (tile // (M + 1)) + 1), calls))
+    return out
 
 
 def _waits_on(ix: _Index, reason) -> int:
@@ -1301,6 +1354,16 @@ def check_program(program: Program, *, dialect: str = "executor", max_steps: int
                          depth)
         ctx.add(INFO, "check.skipped", "race and postcondition checks skipped: the program deadlocks")
         return _finish(ctx, report)
+    for M, from_bytes, calls in _split_calls(ix, program):
+        _, split_blocked = _schedule(ix, depth, max(1, tiles), calls)
+        if split_blocked:
+            _report_deadlock(ctx, ix, split_blocked, "deadlock", ERROR,
+                             f"deadlock with {Proto(program.proto)} FIFOs ({depth} calls in flight per connection) "
+                             f"at calls of {from_bytes} bytes and more, which the window takes: there a chunk is "
+                             f"over 1/{M + 1} of a tile and the runtime moves a step's cnt chunks {M} a call "
+                             f"(maxAllowedCount), in ceil(cnt / {M}) FIFO slots", depth)
+            ctx.add(INFO, "check.skipped", "race and postcondition checks skipped: the program deadlocks")
+            return _finish(ctx, report)
     if rendezvous:
         rblocked = _rendezvous(ix)
         if rblocked:

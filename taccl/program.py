@@ -68,6 +68,15 @@ class Proto(_XmlEnum):
         """Primitive calls that may be in flight on one connection before the sender blocks (msccl-xml.md 3)."""
         return 2 if self is Proto.SIMPLE else 8
 
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of a chunk the runtime moves per tile iteration with default buffer sizes (msccl-xml.md 1.8)."""
+        return {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}[self]
+
+
+# A step of cnt chunks is moved at most this many chunks a primitive call (maxAllowedCount's cap, msccl-xml.md 1.8)
+MAX_ALLOWED_COUNT = 71
+
 
 class Buf(_XmlEnum):
     INPUT = "i"

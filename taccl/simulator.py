@@ -79,7 +79,7 @@ TIE_TOLERANCE = 0.005
 # sizes in forked workers, one per core
 PARALLEL_MIN_STEPS = 200_000
 
-TILE_BYTES = {Proto.SIMPLE: 2 * 1024 * 1024, Proto.LL: 32 * 1024, Proto.LL128: 576_000}
+TILE_BYTES = {p: p.tile_bytes for p in Proto}
 PROTO_BW_FACTOR = {Proto(p): f for p, f in DEFAULT_BW_FACTOR.items()}
 PROTO_ALPHA_FACTOR = {Proto(p): f for p, f in DEFAULT_ALPHA_FACTOR.items()}
 # Forwarding granularity of a fused step: Simple moves a call in two slices (MSCCL's SLICESTEPS of

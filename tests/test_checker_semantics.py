@@ -92,7 +92,11 @@ def reduce_chain(coll, n, root=0):
                                    steps=renumber(steps)))
         o = ncpl if coll != "reducescatter" else cf
         gpus.append(Gpu(id=r, i_chunks=ncpl, o_chunks=o, threadblocks=tbs))
-    return prog(coll, n, ncpl, gpus, root=root if coll == "reduce" else None)
+    p = prog(coll, n, ncpl, gpus, root=root if coll == "reduce" else None)
+    # each send of the whole buffer goes in one call only while a chunk is at most 1/ncpl of a tile; past that
+    # the runtime moves one chunk a call and the two-call FIFOs fill before any rank receives (a deadlock)
+    p.max_bytes = Proto.SIMPLE.tile_bytes
+    return p
 
 
 def star(coll, n, root):
@@ -179,6 +183,25 @@ def test_wrong_chunk_is_found():
     f = [f for f in rep.errors if f.rule == "post.mismatch"][0]
     assert f.rank == 0 and "o[1] holds Chunk(1, 2), expected Chunk(1, 0)" in f.message
     assert not rep.proven
+
+
+def test_steps_split_into_calls_at_large_sizes_deadlock_where_the_fifo_is_too_short():
+    """A step of cnt chunks is one primitive call while cnt chunks fit in a tile, and cnt calls (one a chunk)
+    once a chunk is over half a tile (maxAllowedCount, msccl-xml.md 1.8): a window that reaches those sizes
+    must be deadlock-free with every chunk a FIFO slot (the runtime hung where one call a step was checked)."""
+    bounded = reduce_chain("allreduce", 4)
+    assert check_program(bounded).proven
+    unbounded = reduce_chain("allreduce", 4)
+    unbounded.max_bytes = 0
+    rep = check_program(unbounded)
+    (msg,) = {f.message.split(": cycle")[0] for f in rep.errors if f.rule == "deadlock"}
+    # 4 chunks a step: two a call (two FIFO slots a step) while a chunk is at most half a tile, and one a call
+    # (four slots, deadlock) from 4 x 1 MiB + 1 bytes
+    assert msg == ("deadlock with Simple FIFOs (2 calls in flight per connection) at calls of 4194305 bytes and "
+                   "more, which the window takes: there a chunk is over 1/2 of a tile and the runtime moves a "
+                   "step's cnt chunks 1 a call (maxAllowedCount), in ceil(cnt / 1) FIFO slots"), msg
+    unbounded.max_bytes = 4 << 20
+    assert check_program(unbounded).proven
 
 
 def test_double_counting_is_found():
