@@ -10,6 +10,16 @@ int64_t sizeMultiplier(Coll c, int nranks) {
   return (c == Coll::AllGather || c == Coll::ReduceScatter || c == Coll::AllToAll) ? nranks : 1;
 }
 
+bool callSize(Coll c, int nranks, int64_t count, size_t typeSize, int64_t* elems, int64_t* bytes) {
+  int64_t n = 0, b = 0;
+  if (__builtin_mul_overflow(count, sizeMultiplier(c, nranks), &n) ||
+      __builtin_mul_overflow(n, (int64_t)typeSize, &b))
+    return false;
+  if (elems) *elems = n;
+  if (bytes) *bytes = b;
+  return true;
+}
+
 size_t typeSize(int dtype) {
   static const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
   return dtype >= 0 && dtype < 10 ? sizes[dtype] : 0;
@@ -28,7 +38,8 @@ Plan makePlan(const Program& p, const CallSpec& call, int64_t tileBytesOverride)
   if (call.inplace ? !p.inplace : !p.outofplace)
     throw ProgramError(p.path + ": the program is not for " + (call.inplace ? "in-place" : "out-of-place") + " calls");
   if (call.count <= 0) throw ProgramError("count must be positive");
-  pl.N = call.count * sizeMultiplier(call.coll, call.nranks);
+  if (!callSize(call.coll, call.nranks, call.count, pl.typeSize, &pl.N, nullptr))
+    throw ProgramError("count " + std::to_string(call.count) + ": the call's buffers would exceed 2^63 bytes");
   if (pl.N % p.nchunks != 0)
     throw ProgramError(p.path + ": " + std::to_string(pl.N) + " elements are not divisible by nchunksperloop=" + std::to_string(p.nchunks));
   pl.S = pl.N / p.nchunks;

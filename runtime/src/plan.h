@@ -36,6 +36,9 @@ struct Plan {
 };
 
 int64_t sizeMultiplier(Coll c, int nranks);
+// The call's largest buffer, in elements and bytes (msccl-xml.md 1.8: N = count x sizeMultiplier); false when
+// either exceeds int64 (a count no buffer can have).
+bool callSize(Coll c, int nranks, int64_t count, size_t typeSize, int64_t* elems, int64_t* bytes);
 // Tile size C (msccl-xml.md 1.8) with NCCL's default buffer sizes (inline: tools/line_bw.cu uses them too).
 inline int64_t protoTileBytes(Proto p) {
   switch (p) {

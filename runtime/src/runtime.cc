@@ -93,9 +93,8 @@ bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
 
 int selectIn(const ProgramSet& set, Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root) {
   const size_t ts = typeSize(dtype);
-  if (count <= 0 || !ts) return -1;
-  const int64_t N = count * sizeMultiplier(coll, nranks);
-  const int64_t nBytes = N * (int64_t)ts;
+  int64_t N = 0, nBytes = 0;
+  if (count <= 0 || !ts || !callSize(coll, nranks, count, ts, &N, &nBytes)) return -1;
   for (size_t i = 0; i < set.programs.size(); ++i) {
     const Program& p = *set.programs[i];
     if (p.coll != coll || p.ngpus != nranks) continue;
@@ -318,6 +317,8 @@ RunReport Runtime::runCall(int program, Coll coll, int dtype, int op, int nranks
   if (op < 0 || op > 3) return failed("unknown reduction operator " + std::to_string(op));
   if (nranks < 1 || nranks > kMaxRanks) return failed("nranks out of range");
   if (count <= 0) return failed("count must be positive");
+  if (typeSize(dtype) && !callSize(coll, nranks, count, typeSize(dtype), nullptr, nullptr))
+    return failed("count " + std::to_string(count) + ": the call's buffers would exceed 2^63 bytes");
   if (!send || !recv) return failed("null buffer arrays");
   for (int r = 0; r < nranks; ++r)
     if (!send[r] || !recv[r]) return failed("null buffer for rank " + std::to_string(r));

@@ -328,6 +328,29 @@ TEST(HostRun, SelectionWindowAndDivisibility) {
   EXPECT_EQ(idx, -1);
 }
 
+// A count whose buffers would pass 2^63 bytes wrapped to a chunk of 0 elements (SIGFPE in the plan) or to a
+// small count that "succeeded": an error status now, and no program is selected for it.
+TEST(HostRun, CountsPastInt64AreRefused) {
+  RunFixture f;
+  ASSERT_EQ(tacclLoadFile(f.h, (dataDir() + "ring_allgather_8.xml").c_str()), TACCL_OK) << tacclLastError(f.h);
+  std::vector<float> bufs(16 * 64);
+  std::vector<void*> send(8), recv(8);
+  for (int r = 0; r < 8; ++r) send[r] = recv[r] = nullptr;
+  for (int r = 0; r < 8; ++r) {
+    recv[r] = bufs.data() + r * 128;
+    send[r] = bufs.data() + r * 128 + 64;
+  }
+  for (int64_t count : {int64_t(0x1000000000000000LL), int64_t(0x2000000000000001LL)}) {
+    tacclRunResult res;
+    int rc = tacclRun(f.h, -1, TACCL_ALLGATHER, TACCL_FLOAT32, TACCL_SUM, 8, count, send.data(), recv.data(), 0, &res);
+    EXPECT_TRUE(rc != TACCL_OK || res.outcome != TACCL_RUN_DONE) << count;
+    EXPECT_NE(std::string(tacclLastError(f.h)).find("would exceed 2^63 bytes"), std::string::npos) << tacclLastError(f.h);
+    int idx = 5;
+    EXPECT_EQ(tacclSelect(f.h, TACCL_ALLGATHER, 8, count, TACCL_FLOAT32, 0, &idx), TACCL_OK);
+    EXPECT_EQ(idx, -1);
+  }
+}
+
 // The CUDA backend's launcher threads (launch_pool.h), without a GPU: each call runs job i for every i < n
 // exactly once (job 0 on the calling thread, job i always on worker i), returns only after all of them,
 // rethrows a job's exception and stays usable.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,16 @@ Case runCase(tacclRuntime* h, const tacclProgramInfo& info, int dt, int op, int6
   const int64_t inN = coll == TACCL_ALLGATHER ? count : count * mult;
   const int64_t outN = coll == TACCL_REDUCESCATTER ? count : count * mult;
   const int64_t big = inN > outN ? inN : outN;
-  std::vector<std::vector<char>> mem(R, std::vector<char>((size_t)(2 * big) * ts));
+  std::vector<std::vector<char>> mem;
+  try {  // each rank's send and receive buffers, on the host
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(big, 2 * (int64_t)ts, &bytes)) throw std::length_error("size");
+    mem.assign(R, std::vector<char>((size_t)bytes));
+  } catch (const std::exception&) {
+    c.error = "cannot allocate the host buffers of " + std::to_string(R) + " ranks for " + std::to_string(count) +
+              " elements each (twice the largest buffer a rank)";
+    return c;
+  }
   std::vector<void*> send(R), recv(R);
   auto fill = [&]() {
     for (int r = 0; r < R; ++r) {
@@ -167,8 +177,18 @@ int main(int argc, char** argv) {
   int factor = 2, warm = 2, iters = 5, dt = TACCL_FLOAT32, op = TACCL_SUM, backend = 0;
   bool check = true;
   int64_t timeout = 10000;
+  const char* usage = "usage: taccl_bench -x FILE.xml [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS] [-c 0|1] "
+                      "[-d TYPE] [-o OP] [-B host|cuda] [-t TIMEOUT_MS]\n";
+  auto bad = [&](const std::string& what) {
+    std::fprintf(stderr, "taccl_bench: %s\n%s", what.c_str(), usage);
+    std::exit(2);
+  };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::printf("%s", usage);
+      return 0;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     auto need = [&]() { if (!v) { std::fprintf(stderr, "taccl_bench: %s needs a value\n", a.c_str()); std::exit(2); } ++i; return v; };
     if (a == "-x") xml = need();
@@ -179,16 +199,27 @@ int main(int argc, char** argv) {
     else if (a == "-n") iters = std::atoi(need());
     else if (a == "-c") check = std::atoi(need()) != 0;
     else if (a == "-t") timeout = std::atoll(need());
-    else if (a == "-B") backend = std::string(need()) == "cuda" ? 1 : 0;
-    else if (a == "-d") { std::string t = need(); dt = -1; for (int k = 0; k < 10; ++k) if (t == kTypes[k]) dt = k; }
-    else if (a == "-o") { std::string t = need(); op = -1; for (int k = 0; k < 4; ++k) if (t == kOps[k]) op = k; }
-    else { std::fprintf(stderr, "taccl_bench: unknown argument %s\n", a.c_str()); return 2; }
+    else if (a == "-B") {
+      std::string t = need();
+      if (t != "host" && t != "cuda") bad("-B " + t + ": expected host or cuda");
+      backend = t == "cuda" ? 1 : 0;
+    } else if (a == "-d") {
+      std::string t = need();
+      dt = -1;
+      for (int k = 0; k < 10; ++k) if (t == kTypes[k]) dt = k;
+      if (dt < 0) bad("-d " + t + ": unknown data type");
+    } else if (a == "-o") {
+      std::string t = need();
+      op = -1;
+      for (int k = 0; k < 4; ++k) if (t == kOps[k]) op = k;
+      if (op < 0) bad("-o " + t + ": unknown reduction (sum, prod, min, max)");
+    } else bad("unknown argument " + a);
   }
-  if (!xml || dt < 0 || op < 0 || factor < 2 || minb <= 0 || maxb < minb || iters < 1 || warm < 0) {
-    std::fprintf(stderr, "usage: taccl_bench -x FILE.xml [-b MIN] [-e MAX] [-f FACTOR] [-w WARMUP] [-n ITERS] [-c 0|1] "
-                         "[-d TYPE] [-o OP] [-B host|cuda] [-t TIMEOUT_MS]\n");
-    return 2;
-  }
+  if (!xml) bad("-x FILE.xml is required");
+  if (factor < 2) bad("-f: the size factor must be at least 2");
+  if (minb <= 0 || maxb < minb) bad("-b / -e: sizes must be positive, MIN <= MAX");
+  if (iters < 1 || warm < 0) bad("-n must be at least 1 and -w at least 0");
+  if (timeout <= 0) bad("-t: the timeout must be positive (milliseconds)");
   tacclRuntime* h = tacclCreate();
   tacclSetOption(h, "timeout_ms", timeout);
   if (backend && tacclSetOption(h, "backend", 1) != TACCL_OK) {
@@ -215,7 +246,10 @@ int main(int argc, char** argv) {
   long totalWrong = 0, rows = 0;
   double busSum = 0;
   int busN = 0;
-  for (int64_t size = minb; size <= maxb; size *= factor) {
+  bool wrapped = false;  // the next size would not fit in int64
+  for (int64_t next = minb; !wrapped && next <= maxb;) {
+    const int64_t size = next;
+    wrapped = __builtin_mul_overflow(size, (int64_t)factor, &next);
     const int64_t N = size / (int64_t)ts;
     if (N <= 0 || N % info.nchunksperloop != 0 || N % mult != 0) continue;
     const int64_t count = N / mult;
@@ -241,7 +275,6 @@ int main(int argc, char** argv) {
     std::printf("\n");
     rows++;
   }
-  std::printf("# Out of bounds values : 0 OK\n");
   std::printf("# Avg bus bandwidth    : %.4f\n", busN ? busSum / busN : 0.0);
   std::printf("# Data check           : %s\n", !check ? "skipped" : totalWrong ? "FAILED" : "OK");
   tacclDestroy(h);
