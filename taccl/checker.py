@@ -553,10 +553,9 @@ def _check_steps(ctx: _Ctx, g, tb, tb_ids, coll) -> None:
                 add(ERROR, "limit.depid", f"depid={st.depid} exceeds 127 (stored as int8)", **loc)
             if target is None:
                 add(ERROR, "dep.target", f"depid={st.depid}: rank {r} has no such thread block", **loc, fatal=True)
-            elif target is tb:
-                if st.deps >= i:
-                    add(ERROR, "dep.self", f"waits for step {st.deps} of its own tb, which runs after this one "
-                                           f"(deadlock)", **loc, fatal=True)
+            elif target is tb and st.deps >= i:
+                add(ERROR, "dep.self", f"waits for step {st.deps} of its own tb, which runs after this one "
+                                       f"(deadlock)", **loc, fatal=True)
             elif st.deps >= len(target.steps):
                 add(ERROR, "dep.target", f"deps={st.deps}: tb {st.depid} has only {len(target.steps)} step(s)",
                     **loc, fatal=True)

@@ -142,6 +142,17 @@ def test_dependency_deps_out_of_range():
     assert "has only 5 step(s)" in assert_only(check_program(p), "dep.target").message
 
 
+def test_a_dependency_on_an_earlier_step_of_its_own_tb_needs_hasdep_too():
+    # the runtime waits for the flag, which a step with hasdep=0 never publishes (the check skipped own-tb ones)
+    p = local_dep_program()
+    t = p.gpus[0].threadblocks[1]
+    p.gpus[0].s_chunks = 2
+    t.steps.append(st(1, CPY, Buf.SCRATCH, 0, Buf.SCRATCH, 1, depid=1, deps=0))
+    assert "tb 1 step 0, which has hasdep=0" in assert_only(check_program(p), "dep.hasdep").message
+    t.steps[0].hasdep = True
+    assert check_program(p).ok
+
+
 def test_nop_rules():
     p = local_dep_program()
     t = p.gpus[0].threadblocks[1]
