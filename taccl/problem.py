@@ -245,6 +245,11 @@ def _relay_senders(topo: Topology, coll: Collective, sk: Sketch) -> dict:
     if topo.nodes == 1 or (sk.chunk_to_relay_map is None and sk.sender_map is None):
         return {}
     n = topo.gpus_per_node
+    for s, gpus in sorted((sk.sender_map or {}).items()):
+        for g, w in [(s, "key")] + [(x, "value") for x in gpus]:
+            if not 0 <= g < n:  # a key past the node named a GPU of the next node
+                raise UserError(f"GPU {g} ({w}) is not in a {n}-GPU node of {topo.name!r}",
+                                **_sketch_where(sk, f"$.internode_sketch.gpus_to_sender_rev_map.{s}"))
     out = {}
     for c in range(coll.num_chunks):
         srcs = coll.sources(c)

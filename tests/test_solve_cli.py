@@ -159,6 +159,12 @@ BAD = [
     ("beta-split-huge", variant(internode_sketch={"strategy": "relay", "internode_conn": {"0": [1]},
                                                   "beta_split": {"0": 1e300}}),
      ["$.internode_sketch.beta_split.0", "greater than the maximum of 1024"]),
+    # a share below 1 multiplied the NIC's bandwidth (0.01: a schedule at 0.03x the bound, the program 2.9x slower)
+    ("beta-split-below-one", variant(internode_sketch={"strategy": "relay", "beta_split": {"0": 0.5}}),
+     ["$.internode_sketch.beta_split.0", "less than the minimum of 1"]),
+    # a key past the node named local GPU 1 of the next node, which then sent off-node
+    ("sender-map-gpu", variant(internode_sketch={"strategy": "relay", "gpus_to_sender_rev_map": {"0": [0, 1], "9": [0]}}),
+     ["$.internode_sketch.gpus_to_sender_rev_map.9", "GPU 9 (key) is not in a 8-GPU node"]),
     ("size-twice", variant(hyperparameters={"input_size": "2M"}), ["$.hyperparameters.input_size", "given twice"]),
     ("size-below-chunks", variant(input_size=7),
      ["$.input_size", "7 bytes are less than a byte for each of the 16 chunks", "at least 16 bytes"]),
