@@ -409,6 +409,8 @@ def hierarchical(topology, coll: str, chunkup: int = 1) -> DSLProgram:
     for n in range(N):
         ranks = [topology.rank(n, l) for l in cyc]
         acc = {j: prog.chunk(ranks[(j + 1) % G], "input", j * shard, shard) for j in range(G)}
+        if G == 1:  # one GPU a node: its input is its node's sum (the network ring alone is left)
+            acc[0].copy(ranks[0], "output", 0)
         for step in range(1, G):
             for j in range(G):
                 b = ranks[(j + 1 + step) % G]
@@ -606,7 +608,8 @@ def operations(name: str, topology, collective_name: str, *, chunks: bool = Fals
     if name == "one-shot":
         return (2 * pairs + R) * (R if chunks else 1)  # every operation moves the whole buffer
     if name == "hierarchical":  # the node phases move a shard (one chunk per node) at a time
-        return 2 * N * G * (G - 1) * (N if chunks else 1) + (2 * G * N * (N - 1) if N > 1 else 0)
+        return (2 * N * G * (G - 1) * (N if chunks else 1) + (2 * G * N * (N - 1) if N > 1 else 0)
+                + (N * (N if chunks else 1) if G == 1 else 0))  # one GPU a node: each copies its input home
     if name == "two-step":  # the network phase moves a node's G chunks at once
         return R * R + (N - 1) * N * G * (G if chunks else 1)
     if name == "ring":

@@ -154,3 +154,17 @@ def test_a_one_node_ring_on_few_instances_says_how_to_build_nccls(tmp_path, caps
     assert main(["baseline", "ring", "-t", "dgx-h100", "-o", str(out), "-q", "--instances", "32"]) == 0
     assert main(["baseline", "ring", "-t", "dgx-h100", "-n", "2", "-o", str(out), "-q", "--instances", "4"]) == 0
     assert "NCCL runs" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_hierarchical_on_one_gpu_a_node_is_the_network_ring(tmp_path, nodes):
+    # its node phases had nothing to do, and nothing copied the input to the output: a wrong program (exit 1)
+    spec = {"name": "one", "gpus_per_node": 1, "link_types": {"eth": {"alpha_us": 5, "bw_GBps": 3}},
+            "nics": [{"gpus": [0], "type": "eth"}]}
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(spec))
+    topology = load_topology(str(path), nodes)
+    assert check_program(build("hierarchical", topology, "allreduce")).proven
+    traced = build_dsl("hierarchical", topology, "allreduce")
+    assert operations("hierarchical", topology, "allreduce") == traced.operations
+    assert operations("hierarchical", topology, "allreduce", chunks=True) == sum(src.size for _, src, _, _, _ in traced._ops)
