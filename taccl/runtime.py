@@ -432,8 +432,13 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
             raise UserError("the program is only for in-place calls; pass --inplace", path=str(path))
         count = count_for_size(info.coll, R, size, dtype, info.nchunksperloop)
         _check_run_memory(R, size, path)
-        inputs = make_inputs(info.coll, dtype, op, R, count, seed)
-        out = rt.run_raw(info.coll, dtype, op, inputs, inplace=inplace, program=idx, root=root)
+        try:  # the machine may have less free than it has (other processes, a ulimit)
+            inputs = make_inputs(info.coll, dtype, op, R, count, seed)
+            out = rt.run_raw(info.coll, dtype, op, inputs, inplace=inplace, program=idx, root=root)
+            ref = reference(info.coll, dtype, op, inputs, root) if check and out.status == "done" else None
+        except MemoryError:
+            raise UserError(f"not enough memory for the buffers of a run of {size:,} bytes on {R} ranks (about "
+                            f"{RUN_BUFFERS_PER_RANK * R * size:,} bytes): use a smaller --size", path=str(path)) from None
         report = {"file": str(path), "coll": info.coll, "proto": info.proto, "ranks": R, "bytes": size,
                   "count": count, "dtype": dtype, "op": op, "inplace": bool(inplace), "backend": backend,
                   "status": out.status, "elapsed_us": out.elapsed_us, "tiles": out.tiles, "checked": False,
@@ -443,7 +448,7 @@ def run_program(path, *, ranks: int | None = None, size: int = 1 << 20, dtype: s
         if out.status != "done":  # the runtime's message may name the file already
             raise UserError(out.message, path=None if out.message.startswith(str(path)) else str(path))
         if check:
-            wrong, first = count_wrong(out.outputs, reference(info.coll, dtype, op, inputs, root), dtype)
+            wrong, first = count_wrong(out.outputs, ref, dtype)
             report["checked"] = True
             report["wrong"] = wrong
             if wrong:

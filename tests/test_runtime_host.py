@@ -122,6 +122,18 @@ def test_cycle_refused_at_load_and_stopped_by_watchdog_without_analysis():
         runtime.run_program(DATA / "bad_cycle_deadlock.xml", size=64, dtype="int32", timeout_ms=300, analysis=False)
 
 
+def test_a_run_the_memory_cannot_hold_is_an_error_not_a_traceback(monkeypatch):
+    # the estimate is against the machine's memory; less may be free (a ulimit): numpy's MemoryError escaped
+    runtime = rt_mod()
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(runtime, "make_inputs", no_memory)
+    with pytest.raises(UserError, match="not enough memory for the buffers of a run of 1,024 bytes on 4 ranks"):
+        runtime.run_program(DATA / "ring_allreduce_4.xml", size=1024)
+
+
 def test_race_refused():
     runtime = rt_mod()
     with pytest.raises(UserError, match=r"data race on chunk o\[0\].*tb 0 step 1.*tb 1 step 0"):
