@@ -149,7 +149,7 @@ class Simulator:
         self._native_args = None
         if topology.num_ranks != program.ngpus:
             raise UserError(f"the program is for {program.ngpus} ranks but topology {topology.name!r} with "
-                            f"{topology.nodes} node(s) has {topology.num_ranks}; pass --nodes")
+                            f"{topology.nodes} node(s) has {topology.num_ranks}")
         if program.nchunksperloop < 1:  # a chunk's size is the buffer over it (`taccl check` says the same)
             raise UserError(f"nchunksperloop={program.nchunksperloop} must be at least 1")
         self.proto = Proto(program.proto)

@@ -721,6 +721,23 @@ def test_a_program_the_runtime_would_refuse_simulates_with_a_warning(tmp_path, c
             in err and f"`taccl check {nochannel}` lists them" in err), err
 
 
+def test_simulate_warns_of_more_blocks_than_sms_and_names_a_wrong_node_count(tmp_path, capsys):
+    from taccl.baselines import build
+    from taccl.lowering import write_program
+    from taccl.topology import load_topology
+
+    rings = tmp_path / "rings.xml"
+    write_program(build("ring", load_topology("ndv2", 1), "allgather", instances=4), rings)
+    topo = tmp_path / "few-sms.json"
+    doc = json.loads((Path(__file__).resolve().parent.parent / "topologies" / "ndv2.json").read_text())
+    doc.setdefault("runtime", {})["sm_count"] = 4
+    topo.write_text(json.dumps(doc))
+    assert main(["simulate", str(rings), "-t", str(topo), "--sizes", "1M"]) == 0
+    assert "more than the 4 SMs" in capsys.readouterr().err
+    assert main(["simulate", str(rings), "-t", "ndv2", "--nodes", "2", "--sizes", "1M"]) == 2
+    assert "--nodes: 2 node(s) of 'ndv2' have 16 GPUs, the program 8 ranks" in capsys.readouterr().err
+
+
 def test_a_size_no_runtime_runs_the_program_at_is_noted(tmp_path, capsys):
     # 1000 bytes over 16 chunks: synthesized and simulated there, but no runtime selects the program for it
     assert main(["solve", SKETCH, "--size", "1000", "-o", str(tmp_path / "a"), "-q"]) == 0

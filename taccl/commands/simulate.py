@@ -41,6 +41,9 @@ def load_for(program, topology: str, nodes: int | None, path: str | None = None)
             raise UserError(f"the program has {program.ngpus} ranks, not a multiple of the {spec.gpus_per_node} "
                             f"GPUs per node of {spec.name!r}", where="--topology")
         nodes = program.ngpus // spec.gpus_per_node
+    elif nodes * spec.gpus_per_node != program.ngpus:
+        raise UserError(f"{nodes} node(s) of {spec.name!r} have {nodes * spec.gpus_per_node} GPUs, the program "
+                        f"{program.ngpus} ranks", where="--nodes")
     return Topology(spec, nodes)
 
 
@@ -81,6 +84,11 @@ def run(args) -> int:
     except CheckFailed as exc:  # a deadlock: about the file (`taccl check` finds which steps)
         raise CheckFailed(f"{args.file}: {exc}; `taccl check {args.file}` names the steps") from None
     _warn_if_refused(args.file, program, parsed.dialect)  # once it simulated: an error comes alone
+    blocks = max((len(g.threadblocks) for g in program.gpus), default=0)
+    if topo.spec.sm_count and blocks > topo.spec.sm_count:  # every block spins: all must be resident at once
+        print(f"{args.file}: warning: a rank has {blocks} thread blocks, more than the {topo.spec.sm_count} SMs of "
+              f"{topo.name!r}'s GPUs (runtime.sm_count): on them the program hangs; simulated as written",
+              file=sys.stderr)
     for s, r in zip(sizes, results):
         lb = None
         try:
