@@ -511,6 +511,14 @@ def load_spec(name_or_path, *, where: str | None = None, source: str | None = No
     return spec_from_dict(load_json(p), path=str(p))
 
 
+def _slower(x: ProtoCost, y: ProtoCost) -> ProtoCost:
+    """One protocol's cost over two resources in series (two NICs): the larger latency and the smaller
+    bandwidths."""
+    limits = [c.tb_bw_GBps for c in (x, y) if c.tb_bw_GBps is not None]
+    return ProtoCost(max(x.alpha_us, y.alpha_us), min(x.bw_GBps, y.bw_GBps), min(limits) if limits else None,
+                     None if x.overhead_us is None and y.overhead_us is None else max(x.busy_us, y.busy_us))
+
+
 class Topology:
     """A node type instantiated on `nodes` nodes. Ranks are global: node * gpus_per_node + local GPU."""
 
@@ -526,6 +534,7 @@ class Topology:
         self.gpus_per_node = spec.gpus_per_node
         self.num_ranks = nodes * spec.gpus_per_node
         self._nic_of_local = {g: i for i, (_, gpus, _) in enumerate(spec.nics) for g in gpus}
+        self._net_types = {}  # (sending NIC's type, receiving NIC's type) -> their combined LinkType
 
     @property
     def name(self) -> str:
@@ -576,8 +585,26 @@ class Topology:
                 res = (("swout", ns, si, src), ("swin", ns, si, dst))
             return Link(src, dst, lt, kind, res)
         a, b = self.nic_of(src), self.nic_of(dst)
-        lt = self.spec.link_types[self.spec.nics[a][2]]
-        return Link(src, dst, lt, "net", (("nicout", ns, a), ("nicin", nd, b)))
+        return Link(src, dst, self._net_type(self.spec.nics[a][2], self.spec.nics[b][2]), "net",
+                    (("nicout", ns, a), ("nicin", nd, b)))
+
+    def _net_type(self, out_type: str, in_type: str) -> LinkType:
+        """The cost of a network send from a NIC of type `out_type` to one of `in_type`: the slower of the two
+        (the larger latency, the smaller bandwidth per protocol), so that a slow or reserved receiving NIC
+        slows what it receives as much as what it sends."""
+        types = self.spec.link_types
+        if out_type == in_type:
+            return types[out_type]
+        key = (out_type, in_type)
+        combined = self._net_types.get(key)
+        if combined is None:
+            x, y = types[out_type], types[in_type]
+            protocols = ()
+            if x.calibrated or y.calibrated:
+                protocols = tuple((p, _slower(x.cost(p), y.cost(p))) for p in PROTOCOLS)
+            combined = self._net_types[key] = LinkType(f"{out_type}->{in_type}", max(x.alpha_us, y.alpha_us),
+                                                       min(x.bw_GBps, y.bw_GBps), protocols)
+        return combined
 
     def intra_node_links(self):
         """Every intra-node link of every node, in a deterministic order."""

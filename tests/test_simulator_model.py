@@ -237,3 +237,30 @@ def test_simulate_cli(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "dgx2", "--sizes", "1M", "--no-tiling"]) == 0
     assert "x bound" in capsys.readouterr().out
     assert main(["simulate", str(tmp_path / "a2a.xml"), "-t", "ndv2", "--sizes", "1M"]) == 2
+
+
+def test_a_network_send_is_as_slow_as_the_slower_of_its_two_nics():
+    """The link of a network send took the sending NIC's type alone: 64 MiB into a 2 GB/s NIC simulated at 44
+    GB/s, and a reservation of the receiving NIC changed nothing."""
+    from taccl.topology import Topology, spec_from_dict
+
+    def box(nic1, reservations=()):
+        return Topology(spec_from_dict({
+            "name": "box2", "gpus_per_node": 2,
+            "link_types": {"nv": {"alpha_us": 0.5, "bw_GBps": 50}, "fast": {"alpha_us": 1, "bw_GBps": 50},
+                           "slow": {"alpha_us": 10, "bw_GBps": 2}},
+            "links": [{"src": 0, "dst": 1, "type": "nv"}],
+            "nics": [{"name": "ib0", "gpus": [0], "type": "fast"}, {"name": "ib1", "gpus": [1], "type": nic1}],
+            "reservations": list(reservations)}), 2)
+
+    mixed = box("slow")
+    for src, dst in ((0, 3), (1, 2)):  # fast -> slow and slow -> fast
+        link = mixed.link(src, dst)
+        assert (link.alpha_us, link.bw_GBps) == (10, 2)
+        assert link.type.cost("Simple") == mixed.link(1, 3).type.cost("Simple")
+    assert (mixed.link(0, 2).alpha_us, mixed.link(0, 2).bw_GBps) == (1, 50)
+    reserved = box("fast", [{"fraction": 0.9, "nics": ["ib1"]}])
+    assert reserved.link(0, 3).bw_GBps == pytest.approx(5.0)  # what the other job leaves of the receiving NIC
+    prog = build("direct", mixed, "alltoall")
+    slow, fast = simulate(prog, mixed, 64 << 20).time_us, simulate(prog, box("fast"), 64 << 20).time_us
+    assert slow > 10 * fast
