@@ -202,11 +202,21 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
     plans = []
     allowed = _ALLOWED[_kind_of(coll.name, coll.form)]
     what = f"{coll.form} {coll.name}" if coll.form else coll.name
+    summed_everywhere = None  # the index of an earlier allreduce phase
     for i, (ph, where) in enumerate(phase_list(sketch, topology, coll.name, coll.form)):
         kind, groups = ph["collective"], ph["groups"]
         if kind not in allowed:
             raise UserError(f"a {kind} phase cannot be part of a {what}; allowed: {', '.join(sorted(allowed))}",
                             path=sketch.path, where=where + ".collective")
+        if kind in ("reducescatter", "allreduce") and summed_everywhere is not None:
+            # the sums an allreduce phase leaves on every member are summed again wrongly by the synthesis
+            # (contributions counted twice) or the lowering: refused until that is supported
+            raise UserError(f"{'an' if kind == 'allreduce' else 'a'} {kind} phase after the allreduce phase "
+                            f"$.phases[{summed_everywhere}] is not "
+                            f"supported: reduce the sums once, e.g. node reducescatter, rail allreduce, node "
+                            f"allgather (\"phases\": \"hierarchical\")", path=sketch.path, where=where + ".collective")
+        if kind == "allreduce":
+            summed_everywhere = i
         if groups == "rail" and topology.nodes < 2:
             raise UserError(f"a rail phase needs several nodes; the topology has {topology.nodes}",
                             path=sketch.path, where=where + ".groups")

@@ -144,10 +144,14 @@ def test_phases_that_do_not_make_up_the_collective(tmp_path):
                                         r"allgather"):
         plan(tmp_path, "allgather", phases=[{"collective": "allgather", "groups": "rail"},
                                             {"collective": "reducescatter", "groups": "node"}])
-    with pytest.raises(UserError, match="summed twice"):
-        plan(tmp_path, "allreduce", phases=[{"collective": "allreduce", "groups": "node"},
-                                            {"collective": "allreduce", "groups": "all"},
-                                            {"collective": "allreduce", "groups": "rail"}])
+    # a reduction after an allreduce phase: these compose, but the synthesis summed the node sums twice
+    for phases in ([{"collective": "allreduce", "groups": "node"}, {"collective": "allreduce", "groups": "rail"}],
+                   [{"collective": "allreduce", "groups": "rail"}, {"collective": "allreduce", "groups": "node"}],
+                   [{"collective": "allreduce", "groups": "node"}, {"collective": "reducescatter", "groups": "rail"},
+                    {"collective": "allgather", "groups": "rail"}]):
+        with pytest.raises(UserError, match=r"\$\.phases\[1\]\.collective: an? \w+ phase after the allreduce phase "
+                                            r"\$\.phases\[0\] is not supported"):
+            plan(tmp_path, "allreduce", phases=phases)
     with pytest.raises(UserError, match=r"\$\.phases: the sketch gives phases for allgather, not alltoall"):
         plan(tmp_path, "alltoall", phases={"allgather": [{"collective": "allgather", "groups": "all"}]})
 
