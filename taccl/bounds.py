@@ -18,7 +18,7 @@
     the ForestColl cut bound (``shared/docs/reference-numbers.md`` section 2) with S = one whole node.
 ``latency_us``
     the alpha diameter: the smallest sum of alphas along a path between the farthest pair of ranks that
-    must communicate. Reductions (ReduceScatter, AllReduce, Reduce) also pay for merging: a thread block
+    must communicate (between two GPUs of a node, also out through the network and back). Reductions (ReduceScatter, AllReduce, Reduce) also pay for merging: a thread block
     receives from one peer, so without reading another block's data a sum grows by one input (the sending
     rank's own) per hop, and such a read comes no earlier than ``runtime.sync_us`` (the flag) or two hops
     (a round trip the proof may order it by) after the data was written. With R ranks and a smallest alpha
@@ -43,7 +43,8 @@
     several nodes, AllGather and AllToAll: each rank has a block of M/R bytes for each of the m ranks on
     other nodes. Blocks sent on its own NIC (with the other GPUs attached to that NIC) cross it one by one;
     any other way takes one more hop (a relay in the destination node, or to another NIC). With the NIC's
-    alpha n and bandwidth B, and a the smallest intra-node alpha: min(n + sharers x m x M/R / B, n + a).
+    alpha n and bandwidth B, and a the smallest intra-node alpha: min(n + sharers x m x M/R / B, n + a), where
+    n + a is also at most the path to another GPU's NIC plus that NIC's alpha (a faster NIC next door).
     AllGather's relays copy one block to many ranks, but a thread block has one send peer: the block that
     took a copy in from the network can pass it on to one rank, any other block of that GPU reads it after
     a flag (sync) or two hops. So where fewer than half of a destination node's g ranks get a block over a
@@ -203,7 +204,19 @@ def _nic_groups(spec) -> list:
 
 
 def _intra_alpha_apsp(topology, proto: str) -> list:
-    """All-pairs smallest alpha sums inside one node (local indices)."""
+    """All-pairs smallest alpha sums between the GPUs of one node (local indices): over its links and, with
+    several nodes, out through the network and back, two NIC hops that can beat a slow path inside the node
+    (two sockets joined by 8 us links, NICs of 2 us)."""
+    inside = _inside_alpha_apsp(topology, proto)
+    if topology.nodes < 2:
+        return inside
+    out_cross = _cross_alphas(inside, _nic_alphas(topology, proto))
+    back = min(out_cross, default=INF)  # from another node to any GPU: its NIC lands on the GPU itself
+    return [[min(d, out_cross[a] + back) if a != b else d for b, d in enumerate(row)] for a, row in enumerate(inside)]
+
+
+def _inside_alpha_apsp(topology, proto: str) -> list:
+    """All-pairs smallest alpha sums over one node's own links (local indices)."""
     spec = topology.spec
     n = spec.gpus_per_node
     adj = [[] for _ in range(n)]
@@ -246,8 +259,9 @@ def _nic_costs(spec, proto: str) -> list:
 
 
 def _rank_distance(topology, intra: list, out_cross: list):
-    """The smallest alpha sum from one rank to another: inside a node the all-pairs one (`intra`), to
-    another node `out_cross` of the local source (`_cross_alphas`)."""
+    """The smallest alpha sum from one rank to another: inside a node the all-pairs one (`intra`) or, with
+    several nodes out through the network and back (`_intra_alpha_apsp`); to another node `out_cross` of the
+    local source (`_cross_alphas`)."""
     def dist(a_rank, b_rank):
         a, b = topology.local(a_rank), topology.local(b_rank)
         if topology.node_of(a_rank) == topology.node_of(b_rank):
@@ -424,15 +438,19 @@ def _fanout_bound(topology, collective: str, size_bytes: float, proto: str, intr
         copies = g * (topology.nodes - 1) * ((g + 1) // 2) * block  # half of every node's ranks, every block
         relayed = min(max(n + hop, n + copies / (sum(c.bw_GBps for c in costs) * 1000.0)),
                       n + hop + min(hop, spec.sync_us))
+    nic_alpha = [min((c.alpha_us for c, _ in nics), default=INF) for nics in own]
     worst = 0.0
-    for nics in own:
+    for x, nics in enumerate(own):
         if not nics:
             continue  # its data crosses after an intra-node hop: the latency bound covers it
-        alpha = min(c.alpha_us for c, _ in nics)
+        alpha = nic_alpha[x]
         # one NIC: every GPU on it sends its m blocks through it; several: at least their summed bandwidth
         load = nics[0][1] * m * block if len(nics) == 1 else m * block
         direct = alpha + load / (sum(c.bw_GBps for c, _ in nics) * 1000.0)
-        worst = max(worst, min(direct, max(alpha + hop, relayed)))
+        # any other way takes one more hop: a relay in the destination node, or first to another GPU's NIC
+        # (which may be faster than its own)
+        other = min([alpha + hop] + [intra[x][y] + nic_alpha[y] for y in range(g) if y != x])
+        worst = max(worst, min(direct, max(other, relayed)))
     return worst
 
 

@@ -163,3 +163,36 @@ def test_a_relayed_copy_reaches_one_rank_per_thread_block():
             prog = build(name, t, "allgather", proto=proto)
             for s in (size, 4 * size):
                 assert simulate(prog, t, s).time_us >= lower_bound(t, "allgather", s, proto=proto), (name, proto, s)
+
+
+@pytest.mark.parametrize("links,nics", [
+    # two sockets joined by 8 us links, NICs of 2 us: 0 -> 1 is faster through the other node (2 + 2 us)
+    ({"nv": {"alpha_us": 8, "bw_GBps": 10}, "a": {"alpha_us": 2, "bw_GBps": 12.5}, "b": {"alpha_us": 2, "bw_GBps": 12.5}},
+     ("a", "b")),
+    # GPU 1's NIC takes 10 us, GPU 0's 1 us: GPU 1's blocks reach the other node sooner through GPU 0's
+    ({"nv": {"alpha_us": 0.5, "bw_GBps": 50}, "a": {"alpha_us": 1, "bw_GBps": 50}, "b": {"alpha_us": 10, "bw_GBps": 2}},
+     ("a", "b")),
+])
+def test_programs_through_other_nodes_and_other_nics_stay_above_the_bound(tmp_path, links, nics):
+    """The latency bound took paths inside a node only, the fan-out bound each GPU's own NIC: synthesized
+    programs that went out through the network and back, or through a neighbour's faster NIC, simulated at
+    0.51x and 0.15x the printed bound."""
+    import contextlib
+    import io
+    import json
+
+    from taccl.cli import main
+
+    topo = tmp_path / "box.json"
+    topo.write_text(json.dumps({"name": "box", "gpus_per_node": 2, "link_types": links,
+                                "links": [{"src": 0, "dst": 1, "type": "nv"}],
+                                "nics": [{"gpus": [0], "type": nics[0]}, {"gpus": [1], "type": nics[1]}]}))
+    sketch = tmp_path / "s.json"
+    sketch.write_text(json.dumps({"topology": str(topo), "nodes": 2, "collective": "allgather", "input_size": "1K"}))
+    for coll in ("allgather", "reducescatter", "allreduce"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["solve", str(sketch), "--collective", coll, "-o", str(tmp_path / coll), "-q", "--json"]) == 0
+        summary = json.loads(out.getvalue())
+        assert summary["simulated_us"] >= summary["lower_bound_us"] * (1 - 1e-9), (coll, summary)
+        assert summary["time_us"] >= summary["lower_bound_us"] * (1 - 1e-9), (coll, summary)
