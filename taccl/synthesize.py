@@ -91,6 +91,8 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
         check_shape_memory(name, topo.num_ranks, sketch.chunkup, max_memory_bytes, form=sketch.allreduce_form,
                            path=sketch.path, source=max_memory_source)
         coll = sketch_collective(sketch, name, topo)
+    if coll.combining:
+        _check_reversible(spec)
     if input_size is not None:
         size = parse_size(input_size, where="--size")
     else:
@@ -103,6 +105,17 @@ def resolve(sketch: Sketch, *, topology=None, nodes=None, collective=None, input
         raise UserError(f"{size} bytes are less than a byte for each of the {chunks} chunks of this {coll.name} on "
                         f"{topo.num_ranks} ranks: expected at least {chunks} bytes", **where)
     return topo, coll, size
+
+
+def _check_reversible(spec) -> None:
+    """Reductions are synthesized as reversed AllGather (Broadcast) trees, which send back along every link
+    they use: a one-way link stops them (found late, after the routing MILP, and blamed on no file)."""
+    both = {(s, d) for s, d, _ in spec.links}
+    for s, d, _ in spec.links:
+        if (d, s) not in both:
+            raise UserError(f"link {s}->{d} is one-way (\"bidirectional\": false): reductions are synthesized as "
+                            f"reversed trees, which need every link both ways (`taccl baseline ring` builds them on "
+                            f"one-way rings)", path=spec.path, where="$.links")
 
 
 def custom_collective_file(sketch: Sketch, collective: str | None = None) -> str | None:

@@ -240,6 +240,18 @@ def check_node_connected(spec: "TopologySpec") -> None:
         raise UserError(f"GPU {parts[1][0]} is joined to GPU 0 by no path of links and switches (the "
                         f"{spec.gpus_per_node} GPUs of a node fall into {len(parts)} unconnected groups): nothing can "
                         f"be synthesized on it", path=spec.path, where="$.links")
+    d = nx.DiGraph()  # links as they go, switches both ways
+    d.add_nodes_from(range(spec.gpus_per_node))
+    d.add_edges_from((a, b) for a, b, _ in spec.links)
+    for _, gpus, _ in spec.switches:
+        d.add_edges_from((a, b) for a in gpus for b in gpus if a != b)
+    unreached = sorted(set(range(spec.gpus_per_node)) - nx.descendants(d, 0) - {0})
+    stuck = sorted(set(range(spec.gpus_per_node)) - nx.ancestors(d, 0) - {0})
+    if unreached or stuck:
+        g_, way = (unreached[0], f"from GPU 0 to GPU {unreached[0]}") if unreached else (stuck[0], f"from GPU {stuck[0]} to GPU 0")
+        raise UserError(f"no path of links and switches goes {way} (one-way links, \"bidirectional\": false, "
+                        f"leave GPU {g_} without a way {'in' if unreached else 'out'}): nothing can be synthesized "
+                        f"on it", path=spec.path, where="$.links")
 
 
 def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:

@@ -146,6 +146,34 @@ def test_synthesis_on_a_node_whose_gpus_no_link_joins_names_the_links(tmp_path, 
     assert f"{path}: $.links: GPU 1 is joined to GPU 0 by no path of links and switches" in err, err
 
 
+def test_one_way_links_are_named_in_the_topology_not_blamed_on_the_sketch(tmp_path, capsys):
+    """A GPU that one-way links leave without a way in passed the (undirected) connectivity check and the
+    error blamed $.internode_sketch of a one-node sketch; a reduction on a one-way ring failed after the
+    routing MILP naming no file."""
+    from taccl.cli import main
+
+    def topo(links, name):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"name": name, "gpus_per_node": 4,
+                                    "link_types": {"nv": {"alpha_us": 1.0, "bw_GBps": 20.0}},
+                                    "links": [{"src": a, "dst": b, "type": "nv", "bidirectional": both}
+                                              for a, b, both in links]}))
+        return path
+
+    weak = topo([(0, 1, True), (1, 2, True), (3, 0, False)], "weak")
+    ring = topo([(0, 1, False), (1, 2, False), (2, 3, False), (3, 0, False)], "ring")
+    for path, coll, needle in ((weak, "allgather", "$.links: no path of links and switches goes from GPU 0 to GPU 3"),
+                               (ring, "reducescatter", "$.links: link 0->1 is one-way"),
+                               (ring, "allreduce", "$.links: link 0->1 is one-way")):
+        sketch = tmp_path / "s.json"
+        sketch.write_text(json.dumps({"topology": str(path), "collective": coll}))
+        assert main(["solve", str(sketch), "-o", str(tmp_path / "out"), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: {needle}" in err, err
+    sketch.write_text(json.dumps({"topology": str(ring), "collective": "allgather"}))
+    assert main(["solve", str(sketch), "-o", str(tmp_path / "out"), "-q"]) == 0
+
+
 def test_a_nic_on_a_pcie_switch_the_file_does_not_list_is_refused():
     doc = json.loads((Path(__file__).resolve().parent.parent / "topologies" / "dgx-a100.json").read_text())
     doc["nics"][0]["pcie_switch"] = len(doc.get("pcie_switches", [])) + 38
