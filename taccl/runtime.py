@@ -399,7 +399,8 @@ def count_for_size(coll: str, nranks: int, size: int, dtype: str, nchunks: int) 
         hi = lo + unit * tsize
         raise UserError(f"{size} bytes ({n} elements) are not divisible by nchunksperloop={nchunks}"
                         + (f" and ranks={mult}" if mult > 1 else "")
-                        + f"; nearest sizes that fit: {lo or hi} or {hi} bytes")
+                        + (f"; nearest sizes that fit: {lo} or {hi} bytes" if lo else
+                           f"; the smallest size that fits: {hi} bytes"))
     return n // mult
 
 
@@ -482,7 +483,7 @@ def count_wrong(outputs: list, ref: list, dtype: str) -> tuple:
         bad = np.flatnonzero(~_equal(got, want, dtype))
         if bad.size and first is None:
             k = int(bad[0])
-            first = f"rank {r} element {k}: got {got[k]!r}, expected {want[k]!r}"
+            first = f"rank {r} element {k}: got {got[k].item()!r}, expected {want[k].item()!r}"
         wrong += int(bad.size)
     return wrong, first
 

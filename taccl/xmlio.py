@@ -197,6 +197,8 @@ def _diagnose(text: str, pos: int) -> str:
         c = text[i:i + 1]
         if c in ("\n", "\r"):
             return f"<{name}>: line break after attribute {key} (only ' ', '/' or '>' may follow a value)"
+        if c == "":
+            return f"<{name}>: unexpected end of file after attribute {key}"
         if c not in (" ", "/", ">"):
             return f"<{name}>: unexpected character {c!r} after attribute {key} (only ' ', '/' or '>' may follow)"
 
@@ -214,6 +216,7 @@ class _Reader:
         self.want_dialect = dialect
         self.dialect = dialect or "executor"
         self.notes: list[Note] = []
+        self.dropped_at: set = set()  # lines of elements with attributes past MAX_ATTRS
         self.line = 1
         self._line_pos = 0
         self.gpu: Gpu | None = None
@@ -243,6 +246,7 @@ class _Reader:
             self.notes.append(Note(line, f"<{elem}> has {len(pairs)} attributes; the runtimes keep the first "
                                          f"{MAX_ATTRS} and ignore {', '.join(dropped)}"))
             pairs = pairs[:MAX_ATTRS]
+            self.dropped_at.add(line)
         out: dict[str, str] = {}
         for k, v in pairs:
             if len(k) > MAX_STR_LEN or len(v) > MAX_STR_LEN:
@@ -254,9 +258,14 @@ class _Reader:
             out[k] = v
         return out
 
+    def missing(self, elem: str, key: str, line: int, extra: str = "", hint: str = "") -> UserError:
+        if line in self.dropped_at:
+            hint += f" (it has more than {MAX_ATTRS} attributes: the runtimes read the first {MAX_ATTRS} only)"
+        return self.fail(f"<{elem}> is missing required attribute {key}{hint}", line, extra)
+
     def integer(self, elem: str, attrs: dict[str, str], key: str, line: int, extra: str = "") -> int:
         if key not in attrs:
-            raise self.fail(f"<{elem}> is missing required attribute {key}", line, extra)
+            raise self.missing(elem, key, line, extra)
         v = attrs[key]
         if not _INT.match(v):
             if re.fullmatch(r"[+-]?0[0-7]+", v):
@@ -281,9 +290,9 @@ class _Reader:
                 hint = ""
                 if d == "executor" and key in ("outofplace", "minBytes", "maxBytes"):
                     hint = " (the MSCCL executor requires it; read with dialect 'legacy' for the first runtime)"
-                raise self.fail(f"<algo> is missing required attribute {key}{hint}", line)
+                raise self.missing("algo", key, line, hint=hint)
         if coll is None:
-            raise self.fail("<algo> is missing required attribute coll", line)
+            raise self.missing("algo", "coll", line)
         allowed = EXECUTOR_COLLECTIVES if d == "executor" else LEGACY_COLLECTIVES
         if coll not in allowed:
             hint = ""

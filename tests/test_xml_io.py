@@ -159,6 +159,7 @@ LEXICAL = [
     (MIN.replace(' chan="0">', ">", 1), "missing required attribute chan", 3),
     (MIN.replace('minBytes="0"', 'minBytes="9"').replace('maxBytes="0"', 'maxBytes="8"'), "larger than", 1),
     ("", "no <algo>", 1),
+    (MIN[:MIN.index('dstbuf="i"') + len('dstbuf="i"')], "unexpected end of file after attribute dstbuf", 4),
 ]
 
 
@@ -181,6 +182,12 @@ def test_more_than_16_attributes_are_dropped_with_a_note():
     extra = " ".join(f'x{i}="{i}"' for i in range(8))
     res = parse_xml(MIN.replace('maxBytes="0">', f'maxBytes="0" {extra}>'))
     assert len(res.program.extra) == 6 and any("first 16" in str(n) for n in res.notes)
+
+
+def test_a_required_attribute_past_the_16th_is_missing_and_the_cap_is_named():
+    extra = " ".join(f'x{i}="{i}"' for i in range(20))
+    with pytest.raises(UserError, match="missing required attribute name .it has more than 16 attributes"):
+        parse_xml(MIN.replace("<algo name", f"<algo {extra} name"))
 
 
 def test_read_missing_file_is_user_error(tmp_path):

@@ -34,7 +34,7 @@ Plan makePlan(const Program& p, const CallSpec& call, int64_t tileBytesOverride)
   if (call.nranks != p.ngpus)
     throw ProgramError(p.path + ": written for " + std::to_string(p.ngpus) + " ranks, called with " + std::to_string(call.nranks));
   if (call.coll != p.coll)
-    throw ProgramError(p.path + ": a " + collName(p.coll) + " program cannot run a " + collName(call.coll));
+    throw ProgramError(p.path + ": the program is for " + collName(p.coll) + ", not " + collName(call.coll));
   if (call.inplace ? !p.inplace : !p.outofplace)
     throw ProgramError(p.path + ": the program is not for " + (call.inplace ? "in-place" : "out-of-place") + " calls");
   if (call.count <= 0) throw ProgramError("count must be positive");

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -79,7 +80,9 @@ int64_t parseInt(const Where& w, const XmlNode& n, const char* key, int64_t lo, 
 
 const std::string& parseStr(const Where& w, const XmlNode& n, const char* key) {
   const std::string* v = n.find(key);
-  if (!v) fail(w, "<" + n.name + "> lacks the required attribute '" + key + "'");
+  if (!v)
+    fail(w, "<" + n.name + "> lacks the required attribute '" + key + "'" +
+                (n.droppedAttrs ? " (more than 16 attributes: the runtimes ignore the extra ones)" : ""));
   return *v;
 }
 
@@ -382,6 +385,9 @@ Program loadProgramText(const std::string& text, const std::string& path, const 
 }
 
 Program loadProgramFile(const std::string& path, const LoadOptions& opt) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ProgramError(path + ": is a directory: expected an XML file (MSCCL_ALGO_DIR names directories)");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ProgramError(path + ": cannot open the file");
   std::ostringstream ss;

@@ -328,6 +328,13 @@ TEST(HostRun, SelectionWindowAndDivisibility) {
   EXPECT_EQ(idx, -1);
 }
 
+// A directory given as a program said "empty file: expected an <algo> element".
+TEST(HostRun, ADirectoryIsNotAProgram) {
+  RunFixture f;
+  EXPECT_NE(tacclLoadFile(f.h, dataDir().c_str()), TACCL_OK);
+  EXPECT_NE(std::string(tacclLastError(f.h)).find("is a directory"), std::string::npos) << tacclLastError(f.h);
+}
+
 // A count whose buffers would pass 2^63 bytes wrapped to a chunk of 0 elements (SIGFPE in the plan) or to a
 // small count that "succeeded": an error status now, and no program is selected for it.
 TEST(HostRun, CountsPastInt64AreRefused) {

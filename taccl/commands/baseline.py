@@ -13,8 +13,8 @@ from ..topology import load_topology
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("baseline", help="write a baseline algorithm (ring, double-binary-tree, direct, "
-                                               "hierarchical, two-step) as a checked MSCCL XML program")
+    p = subparsers.add_parser("baseline", help=f"write a baseline algorithm ({', '.join(BASELINES)}) as a checked "
+                                               f"MSCCL XML program")
     p.add_argument("name", choices=sorted(BASELINES))
     p.add_argument("--topology", "-t", required=True, help="built-in name (ndv2, dgx2, ...) or topology file")
     p.add_argument("--nodes", "-n", type=int, default=1)

@@ -46,6 +46,9 @@ def run(args) -> int:
         raise UserError(f"must be at least 1 ms, got {args.timeout_ms}", where="--timeout-ms")
     if args.tile_bytes is not None and args.tile_bytes < 0:
         raise UserError(f"must be 0 (the protocol's tile) or more, got {args.tile_bytes}", where="--tile-bytes")
+    for flag, value in (("--tile-bytes", args.tile_bytes), ("--timeout-ms", args.timeout_ms)):
+        if value is not None and value >= 1 << 63:  # the runtime takes an int64 (it wrapped negative)
+            raise UserError(f"must be less than 2^63, got {value}", where=flag)
     report = run_program(args.file, ranks=args.ranks, size=size, dtype=args.dtype, op=args.op,
                          inplace=True if args.inplace else None, check=args.check, backend=args.backend,
                          seed=args.seed, timeout_ms=args.timeout_ms, tile_bytes=args.tile_bytes, root=args.root,
