@@ -119,7 +119,7 @@ class Reader {
         if (n == '\n' || n == '\r') fail("start tag <" + node->name + "> continues on the next line");
         fail("expected ' ', '/' or '>' after the value of attribute '" + key + "'");
       }
-      if (node->find(key.c_str())) fail("attribute '" + key + "' given twice in <" + node->name + ">");
+      if (node->find(key.c_str())) continue;  // as NCCL's XML reader, the first of a repeated attribute counts
       if ((int)node->attrs.size() < kXmlMaxAttrs) node->attrs.emplace_back(std::move(key), std::move(value));
       else node->droppedAttrs++;
     }
