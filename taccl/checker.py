@@ -915,8 +915,11 @@ def _report_deadlock(ctx: _Ctx, ix: _Index, blocked: dict, rule: str, severity: 
             sid = reason[2]
             parts.append(f"{ix.name(sid)} {_describe_wait(ix, reason, depth)}")
         first = blocked[cyc[0]][2]
-        ctx.add(severity, rule, f"{what}: cycle of {len(cyc)} waiting thread block(s): " + "; ".join(parts),
-                **ix.where(first))
+        if all(blocked[G][0] == "dep" for G in cyc):  # dependencies alone: it hangs whatever the FIFOs hold
+            head = f"dependency cycle of {len(cyc)} thread block(s)"
+        else:
+            head = f"{what}: cycle of {len(cyc)} waiting thread block(s)"
+        ctx.add(severity, rule, f"{head}: " + "; ".join(parts), **ix.where(first))
     rest = [G for G in blocked if G not in in_cycle]
     if rest and severity == ERROR:
         G = rest[0]

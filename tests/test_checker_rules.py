@@ -153,6 +153,16 @@ def test_a_dependency_on_an_earlier_step_of_its_own_tb_needs_hasdep_too():
     assert check_program(p).ok
 
 
+def test_a_cycle_of_dependencies_alone_is_named_as_such():
+    # it was reported as a deadlock "with Simple FIFOs", which play no part in it
+    p = local_dep_program()
+    t0, t1 = tb0(p, 0), p.gpus[0].threadblocks[1]
+    t1.steps[0].hasdep = True
+    t0.steps[-1].depid, t0.steps[-1].deps = 1, 0
+    f = assert_only(check_program(p), "deadlock")
+    assert f.message.startswith("dependency cycle of 2 thread block(s): rank 0 tb 0 step 4"), f.message
+
+
 def test_nop_rules():
     p = local_dep_program()
     t = p.gpus[0].threadblocks[1]
