@@ -18,9 +18,10 @@
     the ForestColl cut bound (``shared/docs/reference-numbers.md`` section 2) with S = one whole node.
 ``latency_us``
     the alpha diameter: the smallest sum of alphas along a path between the farthest pair of ranks that
-    must communicate (between two GPUs of a node, also out through the network and back). Reductions (ReduceScatter, AllReduce, Reduce) also pay for merging: a thread block
-    receives from one peer, so without reading another block's data a sum grows by one input (the sending
-    rank's own) per hop, and such a read comes no earlier than ``runtime.sync_us`` (the flag) or two hops
+    must communicate (between two GPUs of a node, also out through the network and back). Reductions
+    (ReduceScatter, AllReduce, Reduce) also pay for merging: a thread block receives from one peer, so
+    without reading another block's data a sum grows by one input (the sending rank's own) per hop, and such
+    a read comes no earlier than ``runtime.sync_us`` (the flag) or two hops
     (a round trip the proof may order it by) after the data was written. With R ranks and a smallest alpha
     a, one rank's sum takes at least min((R-1) a, a + s), s = min(sync_us, 2a). Across nodes, where m inputs
     come from other nodes and the NIC's alpha is n, let G(k) = min((k-1) a, a + s) (0 for k < 2) be the least

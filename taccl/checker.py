@@ -733,7 +733,7 @@ def _schedule(ix: _Index, depth: int, tiles: int, calls: list | None = None):
     """Run all tbs; return (order of tile-0 step ids, blocked reasons per G or None when all finished).
 
     `calls` (per step id, default 1 each): the primitive calls a step makes, each taking one FIFO slot (a step
-    of ``cnt`` chunks makes ceil(cnt / maxAllowedCount) of them, `_calls_per_step`); a fused step needs its
+    of ``cnt`` chunks makes ceil(cnt / maxAllowedCount) of them, `_split_calls`); a fused step needs its
     data and its FIFO room call by call."""
     nG = len(ix.tbs)
     L = ix.length

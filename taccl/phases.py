@@ -212,9 +212,9 @@ def plan_phases(sketch: Sketch, topology, coll: Collective) -> list:
             # the sums an allreduce phase leaves on every member are summed again wrongly by the synthesis
             # (contributions counted twice) or the lowering: refused until that is supported
             raise UserError(f"{'an' if kind == 'allreduce' else 'a'} {kind} phase after the allreduce phase "
-                            f"$.phases[{summed_everywhere}] is not "
-                            f"supported: reduce the sums once, e.g. node reducescatter, rail allreduce, node "
-                            f"allgather (\"phases\": \"hierarchical\")", path=sketch.path, where=where + ".collective")
+                            f"$.phases[{summed_everywhere}] is not supported: reduce the sums once, e.g. node "
+                            f"reducescatter, rail allreduce, node allgather (\"phases\": \"hierarchical\")",
+                            path=sketch.path, where=where + ".collective")
         if kind == "allreduce":
             summed_everywhere = i
         if groups == "rail" and topology.nodes < 2:

@@ -248,10 +248,11 @@ def check_node_connected(spec: "TopologySpec") -> None:
     unreached = sorted(set(range(spec.gpus_per_node)) - nx.descendants(d, 0) - {0})
     stuck = sorted(set(range(spec.gpus_per_node)) - nx.ancestors(d, 0) - {0})
     if unreached or stuck:
-        g_, way = (unreached[0], f"from GPU 0 to GPU {unreached[0]}") if unreached else (stuck[0], f"from GPU {stuck[0]} to GPU 0")
-        raise UserError(f"no path of links and switches goes {way} (one-way links, \"bidirectional\": false, "
-                        f"leave GPU {g_} without a way {'in' if unreached else 'out'}): nothing can be synthesized "
-                        f"on it", path=spec.path, where="$.links")
+        gpu, way = (unreached[0], "in") if unreached else (stuck[0], "out")
+        ends = f"from GPU 0 to GPU {gpu}" if unreached else f"from GPU {gpu} to GPU 0"
+        raise UserError(f"no path of links and switches goes {ends} (one-way links, \"bidirectional\": false, "
+                        f"leave GPU {gpu} without a way {way}): nothing can be synthesized on it", path=spec.path,
+                        where="$.links")
 
 
 def spec_from_dict(doc: dict, *, path: str | None = None) -> TopologySpec:

@@ -169,8 +169,9 @@ def dry_run(sku_path, outdir=None, *, retry_failed: bool = False) -> list:
     """[(task, "cached" | "cached failure" | "partly cached" | "to run")] without running or writing anything
     ("cached failure": a job the cache holds as failed, `jobs.job_failed`; --retry-failed runs it again)."""
     sku = load_sku(sku_path)
-    _refuse_foreign_files(_target_dirs(sku, _outdir(sku, outdir)).values())
-    store = Store(_outdir(sku, outdir) / "cache")
+    outdir = _outdir(sku, outdir)
+    _refuse_foreign_files(_target_dirs(sku, outdir).values())
+    store = Store(outdir / "cache")
     tasks = plan(sku)
     todo, _ = _prepare(tasks, store, sku, retry_failed)
     pending = {id(t) for t in todo}
