@@ -721,7 +721,7 @@ def test_a_program_the_runtime_would_refuse_simulates_with_a_warning(tmp_path, c
             in err and f"`taccl check {nochannel}` lists them" in err), err
 
 
-def test_simulate_warns_of_more_blocks_than_sms_and_names_a_wrong_node_count(tmp_path, capsys):
+def test_simulate_warns_of_blocks_past_the_sms_names_a_wrong_node_count_and_marks_unrun_sizes(tmp_path, capsys):
     from taccl.baselines import build
     from taccl.lowering import write_program
     from taccl.topology import load_topology
@@ -736,6 +736,12 @@ def test_simulate_warns_of_more_blocks_than_sms_and_names_a_wrong_node_count(tmp
     assert "more than the 4 SMs" in capsys.readouterr().err
     assert main(["simulate", str(rings), "-t", "ndv2", "--nodes", "2", "--sizes", "1M"]) == 2
     assert "--nodes: 2 node(s) of 'ndv2' have 16 GPUs, the program 8 ranks" in capsys.readouterr().err
+    # a size no runtime selects the program for is marked (it printed a time like any other)
+    assert main(["simulate", str(rings), "-t", "ndv2", "--sizes", "3,1M"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip() and line.split()[0].isdigit()}
+    assert rows["3"].endswith(" *") and not rows["1048576"].endswith("*")
+    assert "# '*': no runtime runs the program at that size" in out
 
 
 def test_a_size_no_runtime_runs_the_program_at_is_noted(tmp_path, capsys):

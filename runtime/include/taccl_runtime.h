@@ -148,7 +148,8 @@ tacclStatus tacclSelect(const tacclRuntime* h, int coll, int nranks, int64_t cou
                         int* index);
 
 /* Run a collective over nranks ranks held by this process.
- *   count: NCCL's count: per-rank elements for allgather/reducescatter, per-peer for alltoall, else total.
+ *   count: NCCL's count: per-rank elements for allgather/reducescatter, per-peer for alltoall, else total;
+ *     at least 1 (NCCL returns at once for 0; here it is an error, so that nothing passes for a run).
  *   sendbufs[r], recvbufs[r]: the rank's buffers. With the host backend they are host memory; with the CUDA
  *     backend they are device memory on the GPU that rank r maps to (see "cuda_devices").
  *   In-place is detected from the pointers as NCCL does (allreduce/alltoall/broadcast/reduce: send == recv;

@@ -13,6 +13,7 @@ from ..bounds import lower_bound
 from ..checker import check_program
 from ..errors import CheckFailed, UserError, about_file
 from ..simulator import SimOptions, Simulator
+from ..targets import RANK_MULTIPLIED, selects_size
 from ..topology import Topology, load_spec
 from ..units import SIZE_HELP, format_size, parse_size_range
 from ..xmlio import read_xml
@@ -109,10 +110,19 @@ def run(args) -> int:
         print(f"# note: {uncalibrated}")
     print(f"{'size':>12} {'time':>12} {'algbw':>9} {'busbw':>9} {'bound':>12} {'x bound':>8} {'tiles':>6}")
     print(f"{'(B)':>12} {'(us)':>12} {'(GB/s)':>9} {'(GB/s)':>9} {'(us)':>12} {'':>8} {'':>6}")
+    unselected = 0
     for r, lb in rows:
         ratio = f"{r.time_us / lb:8.2f}" if lb else f"{'-':>8}"
         lbs = f"{lb:12.2f}" if lb is not None else f"{'-':>12}"
         tiles = f"{r.tiles}" + ("" if r.exact else "~")
-        print(f"{r.size_bytes:>12} {r.time_us:12.2f} {r.algbw_GBps:9.3f} {r.busbw_GBps:9.3f} {lbs} {ratio} {tiles:>6}")
+        # no runtime selects the program for a call of this size in any data type (single bytes included)
+        mark = "" if selects_size(coll, program.ngpus, r.size_bytes, program.nchunksperloop, elem_bytes=1) else " *"
+        unselected += bool(mark)
+        print(f"{r.size_bytes:>12} {r.time_us:12.2f} {r.algbw_GBps:9.3f} {r.busbw_GBps:9.3f} {lbs} {ratio} {tiles:>6}"
+              f"{mark}")
     print(f"# {len(rows)} size(s), {format_size(sizes[0])} to {format_size(sizes[-1])}; '~': tiles extrapolated")
+    if unselected:
+        ranks = f" and of its {program.ngpus} ranks" if coll in RANK_MULTIPLIED else ""
+        print(f"# '*': no runtime runs the program at that size: it runs at calls whose element count is a multiple "
+              f"of its nchunksperloop, {program.nchunksperloop}{ranks}")
     return 0
