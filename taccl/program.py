@@ -25,7 +25,7 @@ Examples
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Iterator
 
@@ -340,3 +340,49 @@ class Program:
     def max_nodes(self) -> int:
         """The most XML nodes any rank stores: the runtimes' MAX_NODES (`MAX_NODES`) must allow it."""
         return max((self.stored_nodes(g) for g in self.gpus), default=0)
+
+
+def moves_data(st: Step) -> bool:
+    """Whether a step sends or receives (so takes FIFO slots, one a primitive call)."""
+    t = step_type(st.type)
+    return t.is_send_type or t.is_recv_type
+
+
+def allowed_count(program: Program, size_bytes: float) -> int:
+    """maxAllowedCount at a call of `size_bytes` (the larger buffer): how many chunks of a step the runtime moves
+    in one primitive call, tile // chunk bytes, at least 1 and at most 71 (msccl-xml.md 1.8)."""
+    chunk = max(1, -(-int(size_bytes) // max(1, program.nchunksperloop)))
+    return max(1, min(MAX_ALLOWED_COUNT, Proto(program.proto).tile_bytes // chunk))
+
+
+def split_calls(program: Program, M: int) -> Program:
+    """The program as the runtime runs it where it moves M chunks a call: each sending or receiving step of
+    more chunks becomes ceil(cnt / M) steps of at most M (the first keeps the step's dependency, the last its
+    hasdep, and a dependency on it points at its last part). The same data moves; each part is a call of its
+    own, with its own FIFO slot and per-call cost."""
+    gpus = []
+    for g in program.gpus:
+        last = {}  # (tb id, step index) -> index of its last part
+        tbs = []
+        for tb in g.threadblocks:
+            steps = []
+            for i, st in enumerate(tb.steps):
+                parts = -(-st.cnt // M) if moves_data(st) and st.cnt > M else 1
+                for j in range(parts):
+                    if parts == 1:
+                        steps.append(replace(st, s=len(steps)))
+                        continue
+                    shift = j * M
+                    steps.append(replace(st, s=len(steps), cnt=min(M, st.cnt - shift),
+                                         srcoff=st.srcoff + shift if st.srcoff >= 0 else st.srcoff,
+                                         dstoff=st.dstoff + shift if st.dstoff >= 0 else st.dstoff,
+                                         depid=st.depid if j == 0 else -1, deps=st.deps if j == 0 else -1,
+                                         hasdep=st.hasdep and j == parts - 1))
+                last[(tb.id, i)] = len(steps) - 1
+            tbs.append(replace(tb, steps=steps))
+        for tb in tbs:
+            for st in tb.steps:
+                if st.depid >= 0:
+                    st.deps = last.get((st.depid, st.deps), st.deps)
+        gpus.append(replace(g, threadblocks=tbs))
+    return replace(program, gpus=gpus)

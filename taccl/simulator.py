@@ -34,6 +34,11 @@ Model (alpha-beta with contention, the runtime's execution rules, calibrated cos
 - A dependency on another thread block is seen ``runtime.sync_us`` after that block's step finished (the
   flag is published after a fence, then polled).
 - Every call pays the topology's fixed ``runtime.call_us`` for its protocol (launch and set-up) once.
+- A step of ``cnt`` chunks is one primitive call while that many chunks fit in a tile; at sizes where they do
+  not, the runtime moves them M = tile / chunk at a time (maxAllowedCount, msccl-xml.md 1.8), and the
+  program is simulated as those calls (`taccl.program.split_calls`): each part a step of its own, with its
+  FIFO slot and its sender's overhead (a ring whose first step sends two chunks deadlocks where each chunk is
+  a call, as on the runtime).
 - Tiling (on by default, ``tiling=False`` / ``--no-tiling`` to turn off): the runtime cuts each chunk of
   S = size / nchunksperloop bytes into tiles (Simple 2 MiB, LL 32 KiB, LL128 576,000 B; section 1.8) and
   replays the whole program per tile; dependencies and FIFO positions refer to tile iterations. When a
@@ -65,7 +70,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .errors import CheckFailed, UserError
-from .program import Program, Proto, StepType, step_type
+from .program import Program, Proto, StepType, allowed_count, moves_data, split_calls, step_type
 from .topology import DEFAULT_ALPHA_FACTOR, DEFAULT_BW_FACTOR, ProtoCost, lane_capacity
 
 __all__ = ["SimOptions", "SimResult", "simulate", "sweep", "busbw_factor", "TIE_TOLERANCE", "TILE_BYTES",
@@ -147,6 +152,10 @@ class Simulator:
             raise RuntimeError("the simulator's C++ event loop (taccl._simcore) was not built")
         self.native = native
         self._native_args = None
+        # a step of more chunks than fit a call at some size is simulated as the runtime's calls there (`run`)
+        self._largest_cnt = max((st.cnt for _, _, st in program.iter_steps() if moves_data(st)), default=1)
+        self._split = {}  # maxAllowedCount -> Simulator of `split_calls(program, M)`
+        self._calls_of = None  # M, in such a Simulator
         if topology.num_ranks != program.ngpus:
             raise UserError(f"the program is for {program.ngpus} ranks but topology {topology.name!r} with "
                             f"{topology.nodes} node(s) has {topology.num_ranks}")
@@ -342,7 +351,17 @@ class Simulator:
 
     def run(self, size_bytes: float, trace: list | None = None) -> SimResult:
         """Simulate one size; with `trace` (a list), each finished step is appended to it as
-        ``(rank, tb, step, tile, previous step's end, end)`` (microseconds, without the call cost)."""
+        ``(rank, tb, step, tile, previous step's end, end)`` (microseconds, without the call cost; where the
+        runtime splits steps into several calls, the steps of `split_calls`' program)."""
+        if self.opts.tiling and self._largest_cnt > 1:
+            M = allowed_count(self.p, size_bytes)
+            if M < self._largest_cnt:  # chunks too large for a step's cnt in one call: the runtime's calls
+                split = self._split.get(M)
+                if split is None:
+                    split = self._split[M] = Simulator(split_calls(self.p, M), self.topo, self.opts,
+                                                       native=self.native)
+                    split._calls_of = M
+                return split.run(size_bytes, trace)
         self._trace = trace
         chunk, ntiles, tile = self.tiles_for(size_bytes)
         K = ntiles
@@ -574,8 +593,10 @@ class Simulator:
 
     def _deadlock(self, nstuck: int, G: int, step: int, tile: int):
         r, tbid = self.where[G]
+        split = "" if self._calls_of is None else (
+            f" (counting each call as a step: at this size the runtime moves a step's chunks {self._calls_of} a call)")
         raise CheckFailed(f"the program deadlocks in simulation: {nstuck} thread block(s) never finish, "
-                          f"e.g. rank {r} tb {tbid} at step {step} of tile {tile}")
+                          f"e.g. rank {r} tb {tbid} at step {step} of tile {tile}{split}")
 
     def _run_tiles_native(self, tile_bytes: list) -> tuple:
         """`_run_tiles` in C++ (taccl/native/simcore.cpp)."""

@@ -264,3 +264,37 @@ def test_a_network_send_is_as_slow_as_the_slower_of_its_two_nics():
     prog = build("direct", mixed, "alltoall")
     slow, fast = simulate(prog, mixed, 64 << 20).time_us, simulate(prog, box("fast"), 64 << 20).time_us
     assert slow > 10 * fast
+
+
+def test_steps_of_several_chunks_are_simulated_as_the_runtimes_calls():
+    """Where a step's chunks do not fit one call (a chunk over 1/cnt of a tile) the runtime makes a call of
+    each M of them, a FIFO slot and a sender's overhead each: simulated as those calls (it was one transfer)."""
+    from taccl.program import split_calls
+    from taccl.topology import load_topology
+
+    topo = load_topology("dgx-h100", 2)
+    prog = build("hierarchical", topo, "allreduce")  # node phases move a shard of 2 chunks a step
+    assert max(st.cnt for _, _, st in prog.iter_steps()) == 2
+    sim = Simulator(prog, topo)
+    whole = Simulator(prog, topo)
+    whole._largest_cnt = 1  # as before: one call a step at every size
+    small, large = 1 << 20, 64 << 20  # chunks of 64 KiB (two a call) and 4 MiB (one a call)
+    assert sim.run(small).time_us == whole.run(small).time_us
+    split = sim.run(large).time_us
+    assert split == Simulator(split_calls(prog, 1), topo).run(large).time_us
+    assert split > whole.run(large).time_us
+    # two ranks, each sending 3 chunks in one step, then receiving: fine while a step is one call, a deadlock
+    # where each chunk is a call (two fill Simple's FIFO), as the host runtime shows
+    gpus = []
+    for r in range(2):
+        peer = 1 - r
+        steps = [Step(0, StepType.COPY, Buf.INPUT, 0, Buf.OUTPUT, 3 * r, cnt=3),
+                 Step(1, StepType.SEND, Buf.OUTPUT, 3 * r, Buf.OUTPUT, -1, cnt=3),
+                 Step(2, StepType.RECV, Buf.INPUT, -1, Buf.OUTPUT, 3 * peer, cnt=3)]
+        gpus.append(Gpu(id=r, i_chunks=3, o_chunks=6, threadblocks=[Threadblock(id=0, send=peer, recv=peer, steps=steps)]))
+    ring = Program(name="cnt3", collective="allgather", proto=Proto.SIMPLE, nchannels=1, nchunksperloop=6, ngpus=2,
+                   gpus=gpus)
+    two = load_topology("torus-1x2", 1)
+    assert simulate(ring, two, 6 << 20).time_us > 0
+    with pytest.raises(Exception, match="deadlocks in simulation.*moves a step's chunks 1 a call"):
+        simulate(ring, two, 12 << 20)
