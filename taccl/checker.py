@@ -56,7 +56,7 @@ from itertools import islice
 from dataclasses import dataclass, field
 
 from .errors import CheckFailed
-from .program import MAX_ALLOWED_COUNT, MAX_NODES, Buf, Program, Proto, StepType, step_type
+from .program import MAX_NODES, Buf, Program, Proto, StepType, allowed_count, step_type
 
 __all__ = [
     "Finding",
@@ -841,12 +841,8 @@ def _split_calls(ix: _Index, program: Program) -> list:
         return []
     n = max(1, program.nchunksperloop)
     tile = Proto(program.proto).tile_bytes
-
-    def allowed(size):
-        return max(1, min(MAX_ALLOWED_COUNT, tile // -(-size // n)))
-
-    most = allowed(max(program.min_bytes, n))  # at the window's smallest size
-    fewest = 1 if not program.max_bytes else allowed(program.max_bytes)
+    most = allowed_count(program, max(program.min_bytes, n))  # at the window's smallest size
+    fewest = 1 if not program.max_bytes else allowed_count(program, program.max_bytes)
     out, seen = [], set()
     for M in range(min(most, largest - 1), fewest - 1, -1):  # from the smallest sizes up
         calls = [1] * ix.nsteps
