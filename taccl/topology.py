@@ -229,24 +229,22 @@ def check_node_connected(spec: "TopologySpec") -> None:
     node (its probes measure one: a switch of link type "pcie")."""
     import networkx as nx
 
-    g = nx.Graph()
-    g.add_nodes_from(range(spec.gpus_per_node))
-    g.add_edges_from((a, b) for a, b, _ in spec.links)
-    for _, gpus, _ in spec.switches:
-        members = sorted(gpus)
-        g.add_edges_from(zip(members, members[1:]))
-    parts = sorted((sorted(part) for part in nx.connected_components(g)), key=lambda part: part[0])
+    n = spec.gpus_per_node
+    d = nx.DiGraph()  # links as they go; a switch as a hub each member reaches and is reached from (linear size)
+    d.add_nodes_from(range(n))
+    d.add_edges_from((a, b) for a, b, _ in spec.links)
+    for si, (_, gpus, _) in enumerate(spec.switches):
+        hub = ("switch", si)
+        d.add_edges_from((g, hub) for g in gpus)
+        d.add_edges_from((hub, g) for g in gpus)
+    gpu_sets = (sorted(g for g in part if isinstance(g, int)) for part in nx.weakly_connected_components(d))
+    parts = sorted(part for part in gpu_sets if part)  # a switch of no GPU is a part of none
     if len(parts) > 1:
         raise UserError(f"GPU {parts[1][0]} is joined to GPU 0 by no path of links and switches (the "
-                        f"{spec.gpus_per_node} GPUs of a node fall into {len(parts)} unconnected groups): nothing can "
+                        f"{n} GPUs of a node fall into {len(parts)} unconnected groups): nothing can "
                         f"be synthesized on it", path=spec.path, where="$.links")
-    d = nx.DiGraph()  # links as they go, switches both ways
-    d.add_nodes_from(range(spec.gpus_per_node))
-    d.add_edges_from((a, b) for a, b, _ in spec.links)
-    for _, gpus, _ in spec.switches:
-        d.add_edges_from((a, b) for a in gpus for b in gpus if a != b)
-    unreached = sorted(set(range(spec.gpus_per_node)) - nx.descendants(d, 0) - {0})
-    stuck = sorted(set(range(spec.gpus_per_node)) - nx.ancestors(d, 0) - {0})
+    unreached = sorted(set(range(n)) - nx.descendants(d, 0) - {0})
+    stuck = sorted(set(range(n)) - nx.ancestors(d, 0) - {0})
     if unreached or stuck:
         gpu, way = (unreached[0], "in") if unreached else (stuck[0], "out")
         ends = f"from GPU 0 to GPU {gpu}" if unreached else f"from GPU {gpu} to GPU 0"
