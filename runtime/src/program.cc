@@ -194,8 +194,7 @@ Program loadProgramText(const std::string& text, const std::string& path, const 
   if (!p.inplace && !p.outofplace) fail(w, "inplace=\"0\" and outofplace=\"0\": the program can never be selected");
   // No MSCCL runtime reads root; taccl's runs a rooted program only for calls with its root (and, like
   // them, ignores the attribute of a collective without one).
-  const bool hasRoot = p.coll == Coll::Broadcast || p.coll == Coll::Reduce;
-  p.root = hasRoot ? (int)parseInt(w, algo, "root", 0, p.ngpus - 1, false, 0) : 0;
+  p.root = rooted(p.coll) ? (int)parseInt(w, algo, "root", 0, p.ngpus - 1, false, 0) : 0;
   if ((p.coll == Coll::AllGather || p.coll == Coll::ReduceScatter) && p.nchunks % p.ngpus != 0)
     fail(w, "nchunksperloop=" + std::to_string(p.nchunks) + " is not a multiple of ngpus=" + std::to_string(p.ngpus));
 

@@ -12,6 +12,8 @@ namespace taccl {
 
 enum class Coll : int { AllGather = 0, ReduceScatter = 1, AllReduce = 2, AllToAll = 3, Broadcast = 4, Reduce = 5 };
 const char* collName(Coll c);
+// Broadcast and Reduce: the collectives whose calls name a root.
+inline bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
 
 // A refused file or call. The message is complete (file, line, rank, tb, step as known).
 struct ProgramError : std::runtime_error {

@@ -89,8 +89,6 @@ int64_t Runtime::nextCall() const {
 
 namespace {
 
-bool rooted(Coll c) { return c == Coll::Broadcast || c == Coll::Reduce; }
-
 int selectIn(const ProgramSet& set, Coll coll, int nranks, int64_t count, int dtype, bool inplace, int root) {
   const size_t ts = typeSize(dtype);
   int64_t N = 0, nBytes = 0;
